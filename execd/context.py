@@ -1,0 +1,77 @@
+"""The contract between the dispatcher and the capability handlers.
+
+Every RPC method is an ``async def handler(params, ctx) -> result`` where
+``params`` is a msgspec Struct decoded from the call, ``ctx`` is a
+:class:`CallContext`, and ``result`` is any msgspec-encodable value (usually a
+Struct). A handler reports failure by raising an ``execd.errors.ExecdError``.
+
+Cancellation: when the client cancels a call, or its connection drops, the
+dispatcher cancels the handler's task (``asyncio.CancelledError``). Handlers
+release what they hold in ``finally`` blocks.
+
+Streams: a handler sends bytes to the client with :meth:`CallContext.send`,
+which waits for flow-control credit, and receives the client's bytes for a
+stream with :meth:`CallContext.receive`. Handlers never touch sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class CallContext(Protocol):
+    """What one running call can do besides returning its result."""
+
+    @property
+    def call_id(self) -> int:
+        """The call's id on its connection."""
+        ...
+
+    @property
+    def connection_id(self) -> int:
+        """A process-unique id of the connection the call came on."""
+        ...
+
+    @property
+    def max_chunk(self) -> int:
+        """The largest data payload one chunk may carry to this peer."""
+        ...
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        """Send ``data`` on ``stream`` to the client, waiting for credit.
+
+        Large ``data`` is split into chunks that fit the peer's frame cap.
+        ``end`` marks the stream finished. Raises ``ConnectionLost`` when the
+        connection is gone.
+        """
+        ...
+
+    def receive(self, stream: str) -> AsyncIterator[bytes]:
+        """Iterate the client's chunks on ``stream`` until it sends ``end``."""
+        ...
+
+    async def push_event(self, topic: int, name: str, data: Any) -> None:
+        """Send a server-pushed event on this connection (watch events)."""
+        ...
+
+    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        """Run ``callback`` when the connection that carries this call closes."""
+        ...
+
+
+class ConnectionLost(Exception):
+    """The connection carrying a call is gone; nothing more can be sent."""
+
+
+Handler = Callable[[Any, CallContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One entry of the dispatch table: how to decode params, what to run."""
+
+    name: str
+    params: type
+    handler: Handler

@@ -1,0 +1,1 @@
+"""harnessd: the harness side: client library, launcher, agent loop and ledger sync."""
