@@ -1,0 +1,104 @@
+"""Length-prefixed framing: a 4-byte big-endian body length, then the body.
+
+Theory of operation
+-------------------
+:class:`FrameReader` accepts bytes in any chunking via :meth:`FrameReader.feed`
+and hands out one complete body at a time via :meth:`FrameReader.next_frame`.
+The caller pulls frames one by one because the rules may change between two
+frames of the same read: the cap drops from the pre-authentication limit to
+the negotiated one, and encryption starts, exactly at the end of the
+handshake. A header that declares more than the current cap raises
+:class:`~protocol.errors.FrameTooLarge` at once, before any of that body is
+buffered; after every pull the buffer holds at most one partial frame, so it
+never exceeds header + cap.
+
+:func:`encode_frame` writes the header in place in front of the msgpack body
+(``msgspec.Encoder.encode_into`` at offset 4), so the body is never copied.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import msgspec
+
+from protocol import limits
+from protocol.errors import FrameTooLarge, LocalProtocolError
+
+_HEADER: Final = struct.Struct(">I")
+_COMPACT_AT: Final = 256 * 1024
+
+
+class FrameReader:
+    """Incremental frame splitter with a cap enforced from the header alone."""
+
+    __slots__ = ("_buf", "_pos", "max_frame")
+
+    def __init__(self, max_frame: int) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.max_frame = max_frame
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet handed out as frames."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes; call :meth:`next_frame` until it returns None."""
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> bytes | None:
+        """The next complete body, or None when more bytes are needed.
+
+        Raises FrameTooLarge as soon as a header over the cap is seen.
+        """
+        buf = self._buf
+        pos = self._pos
+        available = len(buf) - pos
+        if available < limits.HEADER_SIZE:
+            self._maybe_compact()
+            return None
+        (length,) = _HEADER.unpack_from(buf, pos)
+        if length > self.max_frame:
+            raise FrameTooLarge(
+                f"frame of {length} bytes exceeds the cap of {self.max_frame} bytes"
+            )
+        end = pos + limits.HEADER_SIZE + length
+        if len(buf) < end:
+            self._maybe_compact()
+            return None
+        body = bytes(buf[pos + limits.HEADER_SIZE : end])
+        self._pos = end
+        return body
+
+    def _maybe_compact(self) -> None:
+        if self._pos >= _COMPACT_AT or (self._pos and self._pos * 2 >= len(self._buf)):
+            del self._buf[: self._pos]
+            self._pos = 0
+
+
+def frame_header(length: int) -> bytes:
+    """The 4-byte header for a body of ``length`` bytes."""
+    return _HEADER.pack(length)
+
+
+def encode_frame(encoder: msgspec.msgpack.Encoder, message: object, max_frame: int) -> bytearray:
+    """Encode ``message`` as one frame: header written in place, body not copied.
+
+    Raises LocalProtocolError when the body would exceed ``max_frame`` (the
+    peer's announced cap): the caller must split its data.
+    """
+    buf = bytearray(limits.HEADER_SIZE)
+    encoder.encode_into(message, buf, limits.HEADER_SIZE)
+    length = len(buf) - limits.HEADER_SIZE
+    if length > max_frame:
+        raise LocalProtocolError(
+            f"frame body of {length} bytes exceeds the peer's cap of {max_frame}"
+        )
+    _HEADER.pack_into(buf, 0, length)
+    return buf

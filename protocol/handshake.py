@@ -1,0 +1,144 @@
+"""Mutual challenge-response authentication and per-connection key derivation.
+
+Theory of operation
+-------------------
+Both sides hold the same secret token; it never crosses the wire.
+
+1. client -> server ``Hello``: versions, a fresh 32-byte nonce Nc, offered
+   ciphers in preference order, the client's frame cap and stream window.
+2. server -> client ``Challenge``: the highest shared version, a fresh nonce
+   Ns, the first offered cipher the server accepts, the server's cap and window.
+3. client -> server ``Auth``: ``HMAC-SHA256(token, "execd client auth\\0" || T)``
+4. server -> client ``Welcome``: ``HMAC-SHA256(token, "execd server auth\\0" || T)``
+
+``T`` (:func:`transcript`) binds every negotiated value and both nonces, so a
+downgrade of the cipher or a replayed Auth (the server's nonce is fresh each
+time) fails. The server proves itself only after the client has, so an
+unauthenticated peer learns nothing. Per-connection keys come from
+``HKDF-SHA256(ikm=token, salt=SHA256(T), info="execd v1 frame keys")``: 64
+bytes, the first 32 protecting client-to-server frames, the last 32 the other
+direction.
+
+The token must be high-entropy (execd and harnessd make 32 random bytes): a
+recorded transcript lets an eavesdropper test guesses of a weak one offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from protocol import limits
+
+TRANSCRIPT_LABEL: Final = b"execd-handshake-v1\x00"
+CLIENT_LABEL: Final = b"execd client auth\x00"
+SERVER_LABEL: Final = b"execd server auth\x00"
+KEY_INFO: Final = b"execd v1 frame keys"
+KEY_SIZE: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Negotiated:
+    """Everything both sides agreed on, as it enters the transcript."""
+
+    version: int
+    client_nonce: bytes
+    server_nonce: bytes
+    offered_ciphers: tuple[str, ...]
+    cipher: str
+    client_max_frame: int
+    server_max_frame: int
+    client_window: int
+    server_window: int
+
+
+def _short_string(value: str) -> bytes:
+    raw = value.encode()
+    if len(raw) > 255:
+        raise ValueError("string too long for the transcript")
+    return bytes([len(raw)]) + raw
+
+
+def transcript(n: Negotiated) -> bytes:
+    """The byte string both MACs and the key derivation are computed over.
+
+    Layout (all integers big-endian)::
+
+        "execd-handshake-v1\\0"
+        u32 version
+        32  client nonce
+        32  server nonce
+        u8  count of offered ciphers, then each as u8 length + UTF-8 name
+        u8 length + chosen cipher name
+        u32 client max_frame, u32 server max_frame
+        u32 client window,    u32 server window
+    """
+    if len(n.client_nonce) != limits.NONCE_SIZE or len(n.server_nonce) != limits.NONCE_SIZE:
+        raise ValueError("nonces must be 32 bytes")
+    parts = [
+        TRANSCRIPT_LABEL,
+        struct.pack(">I", n.version),
+        n.client_nonce,
+        n.server_nonce,
+        bytes([len(n.offered_ciphers)]),
+        *(_short_string(c) for c in n.offered_ciphers),
+        _short_string(n.cipher),
+        struct.pack(
+            ">IIII", n.client_max_frame, n.server_max_frame, n.client_window, n.server_window
+        ),
+    ]
+    return b"".join(parts)
+
+
+def client_mac(token: bytes, transcript_bytes: bytes) -> bytes:
+    """The client's proof of the token."""
+    return hmac.new(token, CLIENT_LABEL + transcript_bytes, hashlib.sha256).digest()
+
+
+def server_mac(token: bytes, transcript_bytes: bytes) -> bytes:
+    """The server's proof of the token."""
+    return hmac.new(token, SERVER_LABEL + transcript_bytes, hashlib.sha256).digest()
+
+
+def verify_mac(expected: bytes, received: bytes) -> bool:
+    """Constant-time comparison of two MACs."""
+    return hmac.compare_digest(expected, received)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameKeys:
+    """The two per-connection directional keys."""
+
+    client_to_server: bytes
+    server_to_client: bytes
+
+
+def derive_keys(token: bytes, transcript_bytes: bytes) -> FrameKeys:
+    """HKDF-SHA256 the token into two 32-byte directional frame keys."""
+    okm = HKDF(
+        algorithm=hashes.SHA256(),
+        length=2 * KEY_SIZE,
+        salt=hashlib.sha256(transcript_bytes).digest(),
+        info=KEY_INFO,
+    ).derive(token)
+    return FrameKeys(client_to_server=okm[:KEY_SIZE], server_to_client=okm[KEY_SIZE:])
+
+
+def choose_version(offered: list[int]) -> int | None:
+    """The highest version both sides speak, or None."""
+    shared = set(offered) & set(limits.SUPPORTED_VERSIONS)
+    return max(shared) if shared else None
+
+
+def choose_cipher(offered: list[str], accepted: tuple[str, ...]) -> str | None:
+    """The first cipher in the client's order that the server accepts, or None."""
+    for name in offered:
+        if name in accepted and name in limits.KNOWN_CIPHERS:
+            return name
+    return None
