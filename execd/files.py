@@ -1,0 +1,396 @@
+"""The ``files.*`` capability: read, write and manage files in the workspace.
+
+Paths: a relative path resolves against execd's current working directory,
+exactly as the operating system resolves it; execd does not confine paths to a
+root (it runs with the workspace user's own rights).
+
+Blocking work: every filesystem call runs in a worker thread, one bounded unit
+at a time (a block of at most :data:`execd.fsops.BLOCK` bytes for content, one
+metadata operation, or one listing bounded by its limit), so a large file never
+stalls the event loop and memory stays bounded by a few blocks whatever the
+file size. When a call is cancelled, the handler first waits for the unit in
+flight to finish (long units notice a cancel event and stop early), then
+releases its descriptors and temporaries, then lets the cancellation through.
+
+Errors: every ``OSError`` becomes the typed error of its errno
+(:func:`execd.errors.from_oserror`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
+
+from execd import fsops
+from execd.config import Config
+from execd.context import CallContext, Method
+from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
+from protocol.api.files import (
+    DATA_STREAM,
+    ChmodParams,
+    ChmodResult,
+    ListParams,
+    ListResult,
+    MkdirParams,
+    MkdirResult,
+    MoveParams,
+    MoveResult,
+    ReadParams,
+    ReadResult,
+    RemoveParams,
+    RemoveResult,
+    Sha256Params,
+    Sha256Result,
+    StatParams,
+    StatResult,
+    WriteParams,
+    WriteResult,
+)
+
+_T = TypeVar("_T")
+
+REPLY_OVERHEAD = 1024
+"""Room kept in a reply frame for everything but inline file content."""
+
+LIST_OVERHEAD = 4096
+"""Room kept in a reply frame for everything but the list entries."""
+
+
+async def _settle(future: asyncio.Future[_T]) -> None:
+    """Wait until ``future`` is done, riding out further cancellations."""
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            continue
+    if not future.cancelled():
+        future.exception()
+
+
+async def _in_thread(
+    fn: Callable[[], _T],
+    *,
+    on_cancel: Callable[[], None] | None = None,
+    discard: Callable[[_T], object] | None = None,
+) -> _T:
+    future = asyncio.get_running_loop().run_in_executor(None, fn)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        await _settle(future)
+        if discard is not None and not future.cancelled() and future.exception() is None:
+            discard(future.result())
+        raise
+
+
+async def run_blocking(
+    fn: Callable[[], _T], *, discard: Callable[[_T], object] | None = None
+) -> _T:
+    """Run ``fn`` in a worker thread and return its result.
+
+    If the awaiting task is cancelled, the cancellation is delivered only after
+    ``fn`` has finished (so descriptors it uses stay valid), and ``discard`` is
+    applied to a result that arrived for nobody.
+    """
+    return await _in_thread(fn, discard=discard)
+
+
+async def run_interruptible(fn: Callable[[threading.Event], _T]) -> _T:
+    """Like :func:`run_blocking` for long work that polls a cancel event.
+
+    On cancellation the event is set, so ``fn`` stops at its next check.
+    """
+    cancel = threading.Event()
+    return await _in_thread(functools.partial(fn, cancel), on_cancel=cancel.set)
+
+
+@contextlib.contextmanager
+def _typed_errors(path: str | None = None) -> Iterator[None]:
+    """Turn an ``OSError`` into its typed error, naming ``path`` (else the OS's filename)."""
+    try:
+        yield
+    except OSError as exc:
+        raise from_oserror(exc, path) from None
+
+
+async def _close_stream(stream: AsyncIterator[bytes]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class FilesCapability:
+    """Handlers of the ``files.*`` methods."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+
+    def methods(self) -> list[Method]:
+        """The dispatch table entries of this capability."""
+        return [
+            Method("files.read", ReadParams, self.read),
+            Method("files.write", WriteParams, self.write),
+            Method("files.stat", StatParams, self.stat),
+            Method("files.list", ListParams, self.list),
+            Method("files.mkdir", MkdirParams, self.mkdir),
+            Method("files.remove", RemoveParams, self.remove),
+            Method("files.move", MoveParams, self.move),
+            Method("files.chmod", ChmodParams, self.chmod),
+            Method("files.sha256", Sha256Params, self.sha256),
+        ]
+
+    # -- read ----------------------------------------------------------------------
+
+    async def read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
+        """Read a byte range of a regular file, inline or on the ``data`` stream.
+
+        The content is inline in the result when it fits one reply frame and
+        streaming was not requested; otherwise it is sent on the ``data``
+        stream in blocks (waiting for flow-control credit), ended with an empty
+        final chunk. If the file turns out longer than its size said (it grew,
+        or it is a pseudo-file), an inline read switches to streaming.
+        """
+        path = fsops.check_path(params.path)
+        with _typed_errors(path):
+            fd, info = await run_blocking(
+                functools.partial(fsops.open_for_read, path), discard=lambda r: os.close(r[0])
+            )
+        try:
+            with _typed_errors(path):
+                return await self._read_range(fd, info.st_size, params, ctx)
+        finally:
+            os.close(fd)
+
+    async def _read_range(
+        self, fd: int, size: int, params: ReadParams, ctx: CallContext
+    ) -> ReadResult:
+        available = max(size - params.offset, 0)
+        expected = available if params.length is None else min(params.length, available)
+        if params.max_bytes is not None and expected > params.max_bytes:
+            raise TooLarge(
+                f"{expected} bytes requested, more than max_bytes={params.max_bytes}",
+                {"size": expected, "max_bytes": params.max_bytes},
+            )
+        inline_limit = max(ctx.max_chunk - REPLY_OVERHEAD, 0)
+        streaming = params.stream or expected > inline_limit
+        hasher = hashlib.sha256()
+        held: list[bytes] = []
+        total = 0
+        position = params.offset
+        hit_eof = False
+        while True:
+            want = fsops.BLOCK
+            if params.length is not None:
+                want = min(want, params.length - total)
+            if want <= 0:
+                break
+            block = await run_blocking(
+                functools.partial(fsops.read_block, fd, want, position, hasher)
+            )
+            if not block:
+                hit_eof = True
+                break
+            total += len(block)
+            position += len(block)
+            if params.max_bytes is not None and total > params.max_bytes:
+                raise TooLarge(
+                    f"more than max_bytes={params.max_bytes} bytes to read (the file grew)",
+                    {"size": total, "max_bytes": params.max_bytes},
+                )
+            if streaming:
+                await ctx.send(DATA_STREAM, block)
+                continue
+            held.append(block)
+            if total > inline_limit:
+                streaming = True
+                while held:
+                    await ctx.send(DATA_STREAM, held.pop(0))
+        if streaming:
+            await ctx.send(DATA_STREAM, b"", end=True)
+        return ReadResult(
+            size=size,
+            bytes_sent=total,
+            sha256=hasher.hexdigest(),
+            data=None if streaming else b"".join(held),
+            streamed=streaming,
+            eof=hit_eof or (size > 0 and position >= size),
+        )
+
+    # -- write ---------------------------------------------------------------------
+
+    async def write(self, params: WriteParams, ctx: CallContext) -> WriteResult:
+        """Write inline ``data`` or the client's ``data`` stream to a file.
+
+        Atomic mode (the default) never leaves a torn target: the content goes
+        to a temporary file beside it that is renamed over it only once all
+        bytes are on disk; any failure or cancellation removes the temporary.
+        """
+        path = fsops.check_path(params.path)
+        if params.append and params.atomic:
+            raise InvalidParams("append and atomic are exclusive: pass atomic=false to append")
+        if params.stream and params.data is not None:
+            raise InvalidParams("data and stream=true are exclusive")
+        if not params.stream and params.data is None:
+            raise InvalidParams("either data or stream=true is required")
+        if (
+            params.data is not None
+            and params.expected_size is not None
+            and len(params.data) != params.expected_size
+        ):
+            raise InvalidParams(
+                f"data holds {len(params.data)} bytes, expected_size is {params.expected_size}"
+            )
+        sink = fsops.FileSink(
+            path,
+            atomic=params.atomic,
+            append=params.append,
+            mode=params.mode,
+            create_parents=params.create_parents,
+        )
+        committed = False
+        try:
+            with _typed_errors(path):
+                await run_blocking(sink.open)
+                if params.expected_size is not None:
+                    await run_blocking(functools.partial(sink.preallocate, params.expected_size))
+                if params.data is not None:
+                    view = memoryview(params.data)
+                    for start in range(0, len(view), fsops.BLOCK):
+                        block = view[start : start + fsops.BLOCK]
+                        await run_blocking(functools.partial(sink.write, block))
+                else:
+                    await self._write_stream(sink, params.expected_size, ctx)
+                if params.expected_size is not None and sink.size != params.expected_size:
+                    raise StreamError(
+                        f"stream carried {sink.size} bytes, expected_size is "
+                        f"{params.expected_size}",
+                        {"expected_size": params.expected_size, "received": sink.size},
+                    )
+                await run_blocking(sink.commit)
+                committed = True
+        finally:
+            if not committed:
+                sink.abort()
+        return WriteResult(size=sink.size, sha256=sink.hexdigest())
+
+    async def _write_stream(
+        self, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext
+    ) -> None:
+        stream = ctx.receive(DATA_STREAM)
+        pending = bytearray()
+        received = 0
+        try:
+            async for chunk in stream:
+                received += len(chunk)
+                if expected_size is not None and received > expected_size:
+                    raise StreamError(
+                        f"stream carried more than expected_size={expected_size} bytes",
+                        {"expected_size": expected_size, "received": received},
+                    )
+                pending += chunk
+                if len(pending) >= fsops.BLOCK:
+                    block, pending = pending, bytearray()
+                    await run_blocking(functools.partial(sink.write, block))
+        finally:
+            await _close_stream(stream)
+        if pending:
+            await run_blocking(functools.partial(sink.write, pending))
+
+    # -- metadata ------------------------------------------------------------------
+
+    async def stat(self, params: StatParams, ctx: CallContext) -> StatResult:
+        """Type, size, permission bits, mtime, owner and link target of a path."""
+        path = fsops.check_path(params.path)
+        with _typed_errors(path):
+            return await run_blocking(
+                functools.partial(fsops.stat_path, path, params.follow_symlinks)
+            )
+
+    async def list(self, params: ListParams, ctx: CallContext) -> ListResult:
+        """List a directory, optionally recursively, without following symlinks.
+
+        At most ``limit`` entries (never more than the configured
+        ``max_list_entries``), and never more than fit in one reply frame;
+        ``truncated`` tells when entries were left out.
+        """
+        path = fsops.check_path(params.path)
+        ceiling = self._config.limits.max_list_entries
+        limit = ceiling if params.limit is None else min(params.limit, ceiling)
+        budget = max(ctx.max_chunk - LIST_OVERHEAD, ctx.max_chunk // 2)
+        with _typed_errors(path):
+            return await run_interruptible(
+                functools.partial(
+                    fsops.list_directory,
+                    path,
+                    recursive=params.recursive,
+                    limit=limit,
+                    include_hidden=params.include_hidden,
+                    byte_budget=budget,
+                )
+            )
+
+    async def mkdir(self, params: MkdirParams, ctx: CallContext) -> MkdirResult:
+        """Create a directory; ``created`` is false if it already existed."""
+        path = fsops.check_path(params.path)
+        with _typed_errors(path):
+            created = await run_blocking(
+                functools.partial(
+                    fsops.make_directory, path, params.parents, params.exist_ok, params.mode
+                )
+            )
+        return MkdirResult(created=created)
+
+    async def remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
+        """Remove a path; a non-empty directory needs ``recursive`` (else NotEmpty)."""
+        path = fsops.check_path(params.path)
+        with _typed_errors():
+            removed = await run_blocking(
+                functools.partial(fsops.remove_path, path, params.recursive, params.missing_ok)
+            )
+        return RemoveResult(removed=removed)
+
+    async def move(self, params: MoveParams, ctx: CallContext) -> MoveResult:
+        """Rename ``src`` to ``dst``, copying across filesystems (see ``fsops.move_path``)."""
+        src = fsops.check_path(params.src)
+        dst = fsops.check_path(params.dst)
+        with _typed_errors():
+            copied = await run_interruptible(
+                functools.partial(fsops.move_path, src, dst, params.overwrite)
+            )
+        return MoveResult(copied=copied)
+
+    async def chmod(self, params: ChmodParams, ctx: CallContext) -> ChmodResult:
+        """Set the permission bits of a path."""
+        path = fsops.check_path(params.path)
+        with _typed_errors(path):
+            mode = await run_blocking(functools.partial(fsops.change_mode, path, params.mode))
+        return ChmodResult(mode=mode)
+
+    async def sha256(self, params: Sha256Params, ctx: CallContext) -> Sha256Result:
+        """SHA-256 of a regular file's content, hashed block by block."""
+        path = fsops.check_path(params.path)
+        with _typed_errors(path):
+            fd, _ = await run_blocking(
+                functools.partial(fsops.open_for_read, path), discard=lambda r: os.close(r[0])
+            )
+            try:
+                hasher = hashlib.sha256()
+                total = 0
+                while True:
+                    count = await run_blocking(
+                        functools.partial(fsops.hash_block, fd, total, hasher)
+                    )
+                    if count == 0:
+                        break
+                    total += count
+            finally:
+                os.close(fd)
+        return Sha256Result(sha256=hasher.hexdigest(), size=total)

@@ -1,0 +1,283 @@
+"""Parameter and result shapes of the ``files.*`` methods.
+
+Paths are UTF-8 strings of at most :data:`MAX_PATH` characters; a relative
+path is resolved against the daemon's working directory. Every integer and
+byte string a client sends is bounded here so that decoding rejects absurd
+values before a handler runs.
+
+Streams: ``files.read`` sends file content on the stream named
+:data:`DATA_STREAM` when the caller asks for it or when the content does not
+fit in one reply; ``files.write`` with ``stream=True`` reads the client's bytes
+from the same stream name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+MAX_PATH: Final = 4096
+"""Longest path accepted, in characters."""
+
+MAX_INLINE_DATA: Final = 16 * 1024 * 1024
+"""Largest ``data`` payload a ``files.write`` call may carry inline."""
+
+MAX_OFFSET: Final = 2**63 - 1
+"""Largest file offset or size (the largest signed 64-bit value)."""
+
+MAX_LIST_LIMIT: Final = 10_000_000
+"""Schema bound of ``files.list``'s ``limit``; the daemon clamps it further."""
+
+DATA_STREAM: Final = "data"
+"""Name of the stream that carries file content in both directions."""
+
+PathStr = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
+Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
+Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_OFFSET)]
+InlineData = Annotated[bytes, msgspec.Meta(max_length=MAX_INLINE_DATA)]
+Digest = Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
+FileType = Literal["file", "dir", "symlink", "other"]
+
+
+class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+    """Common configuration of every files message."""
+
+
+# -- files.read ------------------------------------------------------------------
+
+
+class ReadParams(_Message):
+    """Read ``length`` bytes (``None``: up to end of file) from ``offset``.
+
+    ``max_bytes`` guards the caller: when the requested range holds more bytes
+    the call fails with TOO_LARGE and ``data = {"size": ...}``. ``stream``
+    forces the content onto the ``data`` stream even when it would fit inline.
+    """
+
+    path: PathStr
+    offset: Size = 0
+    length: Size | None = None
+    max_bytes: Size | None = None
+    stream: bool = False
+
+
+class ReadResult(_Message):
+    """Outcome of ``files.read``.
+
+    ``size`` is the file's size when it was opened; ``bytes_sent`` and
+    ``sha256`` describe exactly the bytes delivered, inline in ``data`` or on
+    the ``data`` stream (``streamed``). ``eof`` tells whether the read reached
+    the end of the file.
+    """
+
+    size: Size
+    bytes_sent: Size
+    sha256: Digest
+    data: bytes | None = None
+    streamed: bool = False
+    eof: bool = False
+
+
+# -- files.write -----------------------------------------------------------------
+
+
+class WriteParams(_Message):
+    """Write ``data`` (or the client's ``data`` stream when ``stream``) to ``path``.
+
+    ``atomic`` writes a temporary file beside the target and renames it over
+    the target, so readers see the old or the new content, never a mix;
+    ``append`` requires ``atomic=False``. ``mode`` sets the exact permission
+    bits; without it an existing target keeps its mode. ``expected_size``
+    makes the call fail unless exactly that many bytes arrive.
+    """
+
+    path: PathStr
+    data: InlineData | None = None
+    stream: bool = False
+    create_parents: bool = False
+    mode: Mode | None = None
+    atomic: bool = True
+    append: bool = False
+    expected_size: Size | None = None
+
+
+class WriteResult(_Message):
+    """How many bytes were written and their SHA-256 (hex)."""
+
+    size: Size
+    sha256: Digest
+
+
+# -- files.stat ------------------------------------------------------------------
+
+
+class StatParams(_Message):
+    """Describe ``path``; with ``follow_symlinks=False`` a link describes itself."""
+
+    path: PathStr
+    follow_symlinks: bool = True
+
+
+class StatResult(_Message):
+    """Metadata of one path.
+
+    ``mode`` holds the permission bits only (``st_mode & 0o7777``). ``target``
+    is the link's content whenever ``path`` itself is a symbolic link.
+    """
+
+    type: FileType
+    size: Size
+    mode: Mode
+    mtime: float
+    mtime_ns: int
+    uid: int
+    gid: int
+    target: str | None = None
+
+
+# -- files.list ------------------------------------------------------------------
+
+
+class ListParams(_Message):
+    """List a directory; ``recursive`` descends without following symlinks.
+
+    ``limit`` (default and ceiling: the daemon's ``max_list_entries``) caps
+    the number of entries returned.
+    """
+
+    path: PathStr
+    recursive: bool = False
+    limit: Annotated[int, msgspec.Meta(ge=0, le=MAX_LIST_LIMIT)] | None = None
+    include_hidden: bool = True
+
+
+class ListEntry(_Message):
+    """One entry, ``path`` relative to the listed directory with ``/`` separators."""
+
+    path: str
+    type: FileType
+    size: Size
+    mtime: float
+    mode: Mode
+
+
+class ListResult(_Message):
+    """The entries in depth-first, name-sorted order.
+
+    ``truncated`` is set when more entries exist than were returned (the limit
+    was hit, or the reply would not fit in one frame). ``unreadable`` names
+    subdirectories that could not be opened (at most a bounded few), and
+    ``skipped`` counts entries left out because their names are not UTF-8.
+    """
+
+    entries: list[ListEntry]
+    truncated: bool = False
+    unreadable: list[str] = msgspec.field(default_factory=list)
+    skipped: int = 0
+
+
+# -- files.mkdir -----------------------------------------------------------------
+
+
+class MkdirParams(_Message):
+    """Create a directory (and its parents when ``parents``).
+
+    ``mode`` sets the new directory's exact permission bits; without it the
+    usual ``0o777`` filtered by the daemon's umask applies.
+    """
+
+    path: PathStr
+    parents: bool = True
+    exist_ok: bool = True
+    mode: Mode | None = None
+
+
+class MkdirResult(_Message):
+    """``created`` is false when the directory already existed."""
+
+    created: bool
+
+
+# -- files.remove ----------------------------------------------------------------
+
+
+class RemoveParams(_Message):
+    """Remove a file, symlink or directory (non-empty ones need ``recursive``)."""
+
+    path: PathStr
+    recursive: bool = False
+    missing_ok: bool = False
+
+
+class RemoveResult(_Message):
+    """``removed`` is false when the path did not exist (and ``missing_ok``)."""
+
+    removed: bool
+
+
+# -- files.move ------------------------------------------------------------------
+
+
+class MoveParams(_Message):
+    """Rename ``src`` to ``dst`` (``dst`` is the new name, never a parent to move into).
+
+    Across filesystems the content is copied beside ``dst``, renamed into
+    place and ``src`` removed afterwards.
+    """
+
+    src: PathStr
+    dst: PathStr
+    overwrite: bool = True
+
+
+class MoveResult(_Message):
+    """``copied`` is set when the move crossed filesystems and copied data."""
+
+    copied: bool = False
+
+
+# -- files.chmod -----------------------------------------------------------------
+
+
+class ChmodParams(_Message):
+    """Set the permission bits of ``path`` (symlinks are followed)."""
+
+    path: PathStr
+    mode: Mode
+
+
+class ChmodResult(_Message):
+    """The permission bits after the change."""
+
+    mode: Mode
+
+
+# -- files.sha256 ----------------------------------------------------------------
+
+
+class Sha256Params(_Message):
+    """Hash the content of a regular file."""
+
+    path: PathStr
+
+
+class Sha256Result(_Message):
+    """Hex SHA-256 of the content and the number of bytes hashed."""
+
+    sha256: Digest
+    size: Size
+
+
+METHODS: Final[dict[str, tuple[type[_Message], type[_Message]]]] = {
+    "files.read": (ReadParams, ReadResult),
+    "files.write": (WriteParams, WriteResult),
+    "files.stat": (StatParams, StatResult),
+    "files.list": (ListParams, ListResult),
+    "files.mkdir": (MkdirParams, MkdirResult),
+    "files.remove": (RemoveParams, RemoveResult),
+    "files.move": (MoveParams, MoveResult),
+    "files.chmod": (ChmodParams, ChmodResult),
+    "files.sha256": (Sha256Params, Sha256Result),
+}
+"""Every ``files.*`` method name with its params and result types."""
