@@ -20,7 +20,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Final, cast
 
 from protocol.connection import Connection, ConnectionEvent, State, StreamKey
 from protocol.errors import ErrorCode, FlowControlViolation, ProtocolError
@@ -113,8 +113,8 @@ class FramedProtocol(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         self._flush_outbox()
 
     def data_received(self, data: bytes) -> None:

@@ -1,0 +1,349 @@
+"""execd's network layer: accept, authenticate, dispatch calls to handlers.
+
+Theory of operation
+-------------------
+Each accepted socket gets a :class:`ServerProtocol` (an asyncio protocol over
+:class:`~protocol.connection.ServerConnection`). Until the handshake completes
+the connection counts as unauthenticated: it must finish within
+``Limits.handshake_timeout`` and only ``Limits.max_unauthenticated`` may be
+pending at once; past either bound it is closed and everyone else is served
+as before.
+
+Every Call becomes one asyncio task running the handler from the dispatch
+table. The handler's return value becomes the Reply; an
+:class:`~execd.errors.ExecdError` becomes an Error reply with its code; any
+other exception is logged and answered with INTERNAL. A Cancel cancels the
+task, which is answered with CANCELLED. When the connection closes, every
+task it started is cancelled and the ``on_close`` callbacks registered by
+handlers run (they kill non-detached commands, drop watches, ...).
+
+The :class:`Server` also keeps the lease: with ``--lease`` set and no
+authenticated connection for that long, it triggers the shutdown path that
+cleans up by marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from execd.config import Config
+from execd.context import ConnectionLost, Method
+from execd.errors import Cancelled, ExecdError, InvalidParams, UnknownMethod
+from protocol import limits
+from protocol.bridge import FramedProtocol, TransportClosed
+from protocol.codec import from_raw, to_raw
+from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
+from protocol.errors import ErrorCode
+from protocol.messages import Abort, Call, Cancel, Error, Event, Reply
+
+log = logging.getLogger("execd.server")
+
+_connection_ids = itertools.count(1)
+_NIL = msgspec.Raw(b"\xc0")
+
+
+class _CallContext:
+    """The CallContext handed to one handler invocation."""
+
+    __slots__ = ("_call_id", "_proto")
+
+    def __init__(self, proto: ServerProtocol, call_id: int) -> None:
+        self._proto = proto
+        self._call_id = call_id
+
+    @property
+    def call_id(self) -> int:
+        return self._call_id
+
+    @property
+    def connection_id(self) -> int:
+        return self._proto.connection_id
+
+    @property
+    def max_chunk(self) -> int:
+        return self._proto.conn.max_chunk
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        try:
+            await self._proto.send_stream(self._call_id, stream, data, end=end)
+        except TransportClosed as exc:
+            raise ConnectionLost(str(exc)) from None
+
+    async def receive(self, stream: str) -> AsyncIterator[bytes]:
+        source = self._proto.inbound(self._call_id, stream)
+        while True:
+            try:
+                data = await source.read()
+            except TransportClosed as exc:
+                raise ConnectionLost(str(exc)) from None
+            if data is None:
+                return
+            yield data
+
+    async def push_event(self, topic: int, name: str, data: Any) -> None:
+        proto = self._proto
+        try:
+            proto.write(proto.conn.send(Event(topic=topic, name=name, data=to_raw(data))))
+            await proto.drain()
+        except TransportClosed as exc:
+            raise ConnectionLost(str(exc)) from None
+
+    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        self._proto.add_close_callback(callback)
+
+
+class ServerProtocol(FramedProtocol):
+    """One client connection to execd."""
+
+    def __init__(self, server: Server) -> None:
+        cfg = server.config
+        conn = ServerConnection(
+            server.token,
+            max_frame=cfg.limits.max_frame,
+            window=cfg.limits.stream_window,
+            max_inflight=cfg.limits.max_inflight_calls,
+            info={"pid": server.pid, "marker": cfg.marker, "marker_var": cfg.marker_var},
+        )
+        super().__init__(
+            conn, max_inbound_buffer=4 * cfg.limits.stream_window + cfg.limits.max_frame
+        )
+        self.server = server
+        self.connection_id = next(_connection_ids)
+        self.authenticated = False
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._close_callbacks: list[Callable[[], Awaitable[None] | None]] = []
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if not self.server.admit(self):
+            self.abort(None, code=ErrorCode.CONNECTION_LIMIT)
+            return
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(
+            self.server.config.limits.handshake_timeout, self._handshake_expired
+        )
+
+    def _handshake_expired(self) -> None:
+        if not self.authenticated and not self.closed:
+            log.info("connection %d: handshake timed out", self.connection_id)
+            self.abort(None, code=ErrorCode.HANDSHAKE_TIMEOUT)
+
+    def handle_closed(self, reason: BaseException | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        self.server.release(self)
+        if callbacks:
+            self.server.spawn_background(self._run_close_callbacks(callbacks))
+        if reason is not None:
+            log.info("connection %d closed: %s", self.connection_id, reason)
+
+    async def _run_close_callbacks(
+        self, callbacks: list[Callable[[], Awaitable[None] | None]]
+    ) -> None:
+        for callback in callbacks:
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("connection %d: close callback failed", self.connection_id)
+
+    def add_close_callback(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        """Run ``callback`` once this connection closes (at once if it already has)."""
+        if self.closed:
+            self.server.spawn_background(self._run_close_callbacks([callback]))
+        else:
+            self._close_callbacks.append(callback)
+
+    # -- events --------------------------------------------------------------
+
+    def handle_event(self, event: ConnectionEvent) -> None:
+        if isinstance(event, Call):
+            self._start_call(event)
+        elif isinstance(event, Cancel):
+            task = self._tasks.get(event.id)
+            if task is not None:
+                task.cancel()
+        elif isinstance(event, HandshakeComplete):
+            self.authenticated = True
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            self.server.authenticated(self)
+        elif isinstance(event, Abort):
+            self.abort(None)
+
+    def _start_call(self, call: Call) -> None:
+        method = self.server.methods.get(call.method)
+        if method is None:
+            self._answer_error(call.id, UnknownMethod(f"unknown method {call.method[:128]!r}"))
+            return
+        params: Any
+        try:
+            params = from_raw(call.params, method.params)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
+            return
+        task = asyncio.get_running_loop().create_task(self._run(call.id, method, params))
+        self._tasks[call.id] = task
+
+    async def _run(self, call_id: int, method: Method, params: Any) -> None:
+        ctx = _CallContext(self, call_id)
+        try:
+            result = await method.handler(params, ctx)
+            payload = to_raw(result)
+        except asyncio.CancelledError:
+            self._tasks.pop(call_id, None)
+            if not self.closed:
+                self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
+            raise
+        except ExecdError as exc:
+            self._tasks.pop(call_id, None)
+            self._answer_error(call_id, exc)
+            return
+        except ConnectionLost:
+            self._tasks.pop(call_id, None)
+            return
+        except Exception:
+            self._tasks.pop(call_id, None)
+            log.exception("connection %d: %s failed", self.connection_id, method.name)
+            self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
+            return
+        self._tasks.pop(call_id, None)
+        if not self.closed:
+            self._send_final(Reply(id=call_id, result=payload), call_id)
+
+    def _answer_error(self, call_id: int, exc: ExecdError) -> None:
+        if self.closed:
+            return
+        try:
+            data = to_raw(exc.data) if exc.data is not None else _NIL
+        except (TypeError, msgspec.EncodeError):
+            data = _NIL
+        message = exc.message[: limits.MAX_ERROR_MESSAGE]
+        self._send_final(Error(id=call_id, code=int(exc.code), message=message, data=data), call_id)
+
+    def _send_final(self, message: Reply | Error, call_id: int) -> None:
+        try:
+            frame = self.conn.send(message)
+        except Exception as exc:
+            log.error(
+                "connection %d: cannot send answer to call %d: %s", self.connection_id, call_id, exc
+            )
+            if isinstance(message, Reply):
+                self._answer_error(call_id, ExecdError("result too large for one frame"))
+            return
+        self.drop_streams(call_id)
+        with contextlib.suppress(TransportClosed):
+            self.write(frame)
+
+
+class Server:
+    """The listening side of execd: admission limits, the lease, the dispatch table."""
+
+    def __init__(self, config: Config, token: bytes, methods: dict[str, Method]) -> None:
+        self.config = config
+        self.token = token
+        self.methods = methods
+        self.pid = os.getpid()
+        self._unauthenticated: set[ServerProtocol] = set()
+        self._authenticated: set[ServerProtocol] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self.stopping = asyncio.Event()
+        self.host = config.host
+        self.port = config.port
+
+    async def start(self) -> None:
+        """Bind and listen; afterwards ``self.port`` is the port the kernel picked."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerProtocol(self),
+            host=self.config.host,
+            port=self.config.port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        self._arm_lease()
+
+    def admit(self, proto: ServerProtocol) -> bool:
+        """Count a new connection in; False when a limit says no."""
+        lim = self.config.limits
+        total = len(self._unauthenticated) + len(self._authenticated)
+        if total >= lim.max_connections or len(self._unauthenticated) >= lim.max_unauthenticated:
+            log.warning("connection limit reached; refusing a connection")
+            return False
+        self._unauthenticated.add(proto)
+        return True
+
+    def authenticated(self, proto: ServerProtocol) -> None:
+        """A connection finished its handshake."""
+        self._unauthenticated.discard(proto)
+        self._authenticated.add(proto)
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+            self._lease_timer = None
+
+    def release(self, proto: ServerProtocol) -> None:
+        """A connection closed."""
+        self._unauthenticated.discard(proto)
+        self._authenticated.discard(proto)
+        if not self._authenticated:
+            self._arm_lease()
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._unauthenticated) + len(self._authenticated)
+
+    def spawn_background(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` as a task the server keeps a reference to."""
+
+        async def runner() -> None:
+            await coro
+
+        task = asyncio.get_running_loop().create_task(runner())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _arm_lease(self) -> None:
+        lease = self.config.lease
+        if lease is None or self._lease_timer is not None or self.stopping.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        self._lease_timer = loop.call_later(lease, self._lease_expired)
+
+    def _lease_expired(self) -> None:
+        self._lease_timer = None
+        if not self._authenticated:
+            log.warning("lease expired with no authenticated connection; shutting down")
+            self.stopping.set()
+
+    async def close(self) -> None:
+        """Stop listening, drop every connection, wait for background work."""
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        if self._server is not None:
+            self._server.close()
+        for proto in list(self._unauthenticated | self._authenticated):
+            proto.abort(None, code=ErrorCode.GOING_AWAY)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=10)

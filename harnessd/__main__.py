@@ -1,0 +1,29 @@
+"""harnessd's command line: ``exec`` (and the launcher, agent and bench commands)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harnessd import cli_exec
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harnessd",
+        description="Harness side of split execution: talk to execd in a workspace.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli_exec.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``harnessd`` console script."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

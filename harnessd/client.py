@@ -1,0 +1,332 @@
+"""The async client of execd: connect, call, stream, cancel.
+
+Three layers, as in the daemon: the sans-I/O :class:`~protocol.connection.
+ClientConnection`, the asyncio glue :class:`ClientProtocol` (a plain
+``asyncio.Protocol``, so the hot path costs one callback per read, under
+uvloop or the default loop), and the user API :class:`Client`, whose typed
+methods per capability live in :mod:`harnessd.api`.
+
+Example::
+
+    client = await harnessd.connect("127.0.0.1", port, token)
+    result = await client.run(["echo", "hi"])
+    await client.close()
+
+A call whose awaiting task is cancelled is cancelled in execd too (a Cancel
+message); execd's final answer to it is then discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar, overload
+
+import msgspec
+
+from harnessd.errors import (
+    AuthenticationFailed,
+    ConnectFailed,
+    ConnectionLost,
+    HandshakeFailed,
+    ProtocolViolation,
+    remote_error,
+)
+from protocol import limits
+from protocol.bridge import FramedProtocol, TransportClosed
+from protocol.codec import from_raw, to_raw
+from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
+
+T = TypeVar("T")
+
+_EMPTY_PARAMS = msgspec.Raw(b"\x80")
+
+
+class ClientProtocol(FramedProtocol):
+    """asyncio glue for one client connection."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        super().__init__(conn)
+        self.client_conn = conn
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[HandshakeComplete] = loop.create_future()
+        self.pending: dict[int, asyncio.Future[Reply | Error]] = {}
+        self.subscriptions: dict[int, asyncio.Queue[Event | None]] = {}
+        self.last_received = time.monotonic()
+        self.lost: BaseException | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = time.monotonic()
+        super().data_received(data)
+
+    def handle_event(self, event: ConnectionEvent) -> None:
+        if isinstance(event, Reply | Error):
+            future = self.pending.pop(event.id, None)
+            self.drop_streams(event.id)
+            if future is not None and not future.done():
+                future.set_result(event)
+        elif isinstance(event, Event):
+            queue = self.subscriptions.get(event.topic)
+            if queue is not None:
+                queue.put_nowait(event)
+        elif isinstance(event, HandshakeComplete):
+            if not self.ready.done():
+                self.ready.set_result(event)
+        elif isinstance(event, Abort):
+            if event.code == ErrorCode.AUTH_FAILED:
+                reason: BaseException = AuthenticationFailed(
+                    "execd rejected the token (authentication failed)", event.code
+                )
+            elif not self.ready.done():
+                reason = HandshakeFailed(
+                    f"execd refused the handshake: {event.message}", event.code
+                )
+            else:
+                reason = ProtocolViolation(
+                    f"execd closed the connection: {event.message}", event.code
+                )
+            self.abort(reason)
+        elif isinstance(event, Pong):
+            pass
+
+    def handle_closed(self, reason: BaseException | None) -> None:
+        if isinstance(reason, ProtocolError):
+            if reason.code == ErrorCode.AUTH_FAILED:
+                failure: BaseException = AuthenticationFailed(
+                    "execd did not prove knowledge of the token", int(reason.code)
+                )
+            else:
+                failure = ProtocolViolation(f"protocol error: {reason}", int(reason.code))
+        elif isinstance(reason, ConnectionLost | HandshakeFailed | ProtocolViolation):
+            failure = reason
+        elif reason is not None:
+            failure = ConnectionLost(f"connection to execd lost: {reason}")
+        else:
+            failure = ConnectionLost("connection to execd closed")
+        self.lost = failure
+        if not self.ready.done():
+            self.ready.set_exception(failure)
+            self.ready.exception()  # mark retrieved; connect() re-raises it
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(failure)
+                future.exception()
+        self.pending.clear()
+        for queue in self.subscriptions.values():
+            queue.put_nowait(None)
+
+
+class CallHandle:
+    """One call in flight: its streams, its result, and cancellation."""
+
+    def __init__(self, client: Client, call_id: int, future: asyncio.Future[Reply | Error]) -> None:
+        self._client = client
+        self.id = call_id
+        self._future = future
+
+    def stream(self, name: str) -> AsyncIterator[bytes]:
+        """Iterate the bytes execd sends on stream ``name`` until it ends."""
+        return self._client._iter_stream(self.id, name)
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        """Send bytes on ``stream`` to execd (flow-controlled)."""
+        await self._client._send_stream(self.id, stream, data, end=end)
+
+    @overload
+    async def result(self) -> Any: ...
+
+    @overload
+    async def result(self, type: type[T]) -> T: ...
+
+    async def result(self, type: Any = Any) -> Any:
+        """Wait for the final answer; raise the typed RemoteError on failure."""
+        try:
+            answer = await asyncio.shield(self._future)
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        return self._client._unpack(answer, type)
+
+    def cancel(self) -> None:
+        """Ask execd to cancel the call; its answer will be a Cancelled error."""
+        if self._future.done():
+            return
+        with contextlib.suppress(ConnectionLost, TransportClosed, Exception):
+            proto = self._client._proto
+            proto.write(proto.conn.send(Cancel(id=self.id)))
+
+    @property
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class Client:
+    """An authenticated connection to one execd."""
+
+    def __init__(self, proto: ClientProtocol, info: HandshakeComplete, keepalive: float | None):
+        self._proto = proto
+        self.info = info
+        self._ids = itertools.count(1)
+        self._keepalive_task: asyncio.Task[None] | None = None
+        if keepalive:
+            self._keepalive_task = asyncio.get_running_loop().create_task(
+                self._keepalive(keepalive)
+            )
+
+    # -- core ------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._proto.closed
+
+    @property
+    def cipher(self) -> str:
+        return self.info.cipher
+
+    def start(self, method: str, params: Any = None) -> CallHandle:
+        """Send a call and return its handle without waiting."""
+        proto = self._proto
+        if proto.closed:
+            raise proto.lost or ConnectionLost("connection to execd closed")
+        call_id = next(self._ids)
+        raw = _EMPTY_PARAMS if params is None else to_raw(params)
+        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
+        future: asyncio.Future[Reply | Error] = asyncio.get_running_loop().create_future()
+        proto.pending[call_id] = future
+        proto.write(frame)
+        return CallHandle(self, call_id, future)
+
+    @overload
+    async def call(self, method: str, params: Any = None) -> Any: ...
+
+    @overload
+    async def call(self, method: str, params: Any, type: type[T]) -> T: ...
+
+    async def call(self, method: str, params: Any = None, type: Any = Any) -> Any:
+        """Call ``method`` and return its result decoded as ``type``."""
+        handle = self.start(method, params)
+        return await handle.result(type)
+
+    def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
+        """The queue of server-pushed events for ``topic`` (None marks the end)."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._proto.subscriptions[topic] = queue
+        if self._proto.closed:
+            queue.put_nowait(None)
+        return queue
+
+    def unsubscribe(self, topic: int) -> None:
+        self._proto.subscriptions.pop(topic, None)
+
+    async def close(self) -> None:
+        """Close the connection (calls in flight fail with ConnectionLost)."""
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+        if not self._proto.closed:
+            self._proto.abort(
+                ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
+            )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- internals -------------------------------------------------------------
+
+    def _unpack(self, answer: Reply | Error, type: Any) -> Any:
+        if isinstance(answer, Error):
+            data: Any = None
+            with contextlib.suppress(msgspec.DecodeError):
+                data = msgspec.msgpack.decode(answer.data)
+            raise remote_error(answer.code, answer.message, data)
+        try:
+            return from_raw(answer.result, type)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
+
+    async def _iter_stream(self, call_id: int, name: str) -> AsyncIterator[bytes]:
+        source = self._proto.inbound(call_id, name)
+        while True:
+            try:
+                data = await source.read()
+            except TransportClosed:
+                if self._proto.lost is not None:
+                    raise self._proto.lost from None
+                return
+            if data is None:
+                return
+            yield data
+
+    async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
+        try:
+            await self._proto.send_stream(call_id, stream, data, end=end)
+        except TransportClosed:
+            raise self._proto.lost or ConnectionLost("connection to execd closed") from None
+
+    async def _keepalive(self, interval: float) -> None:
+        seq = 0
+        proto = self._proto
+        while not proto.closed:
+            await asyncio.sleep(interval)
+            if proto.closed:
+                return
+            silent = time.monotonic() - proto.last_received
+            if silent > 3 * interval:
+                proto.abort(
+                    ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
+                    code=ErrorCode.GOING_AWAY,
+                )
+                return
+            seq += 1
+            with contextlib.suppress(TransportClosed, Exception):
+                proto.write(proto.conn.ping(seq))
+
+
+async def open_connection(
+    host: str,
+    port: int,
+    token: bytes | str,
+    *,
+    encrypt: bool | str = False,
+    timeout: float = 10.0,
+    max_frame: int = limits.DEFAULT_MAX_FRAME,
+    window: int = limits.DEFAULT_STREAM_WINDOW,
+) -> tuple[ClientProtocol, HandshakeComplete]:
+    """Connect to execd and complete the handshake; the low layer under ``connect``.
+
+    ``encrypt``: False for plaintext frames (loopback), True to require
+    authenticated encryption (AES-256-GCM, else ChaCha20-Poly1305), or a
+    cipher name. Raises ConnectFailed, AuthenticationFailed or HandshakeFailed.
+    """
+    secret = token.encode() if isinstance(token, str) else token
+    if encrypt is True:
+        ciphers: tuple[str, ...] = (limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20)
+    elif encrypt is False:
+        ciphers = (limits.CIPHER_NONE,)
+    else:
+        ciphers = (encrypt,)
+    conn = ClientConnection(secret, max_frame=max_frame, window=window, ciphers=ciphers)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            _, proto = await loop.create_connection(lambda: ClientProtocol(conn), host, port)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectFailed(f"cannot connect to execd at {host}:{port}: {exc}") from None
+    try:
+        async with asyncio.timeout(timeout):
+            info = await proto.ready
+    except TimeoutError:
+        proto.abort(HandshakeFailed("handshake timed out"), code=ErrorCode.HANDSHAKE_TIMEOUT)
+        raise HandshakeFailed(f"handshake with {host}:{port} timed out after {timeout} s") from None
+    except BaseException:
+        if not proto.closed:
+            proto.abort(None)
+        raise
+    return proto, info

@@ -1,0 +1,738 @@
+"""Start execd in a workspace, talk to it, and tear everything down again.
+
+Theory of operation
+-------------------
+:func:`serve` launches one execd through a :class:`~harnessd.runtime.Runtime`:
+
+1. *Prepare.* A fresh token and a fresh 128-bit marker are made. A private
+   working directory is created in the workspace (mode 0700; by default a new
+   ``/tmp/execd-<random>``), and the token is written into it as a new 0600
+   file. The token never appears in argv or in an environment.
+2. *Start.* execd is started in the background under a tiny ``/bin/sh``
+   supervisor, both writing to one log file in the working directory. execd
+   reads and deletes the token file, then prints ``{"event": "listening",
+   ...}``; when it ends it prints ``{"event": "exited", ...}``. The supervisor
+   adds its own ``exited`` line with the exit status once execd is gone, so a
+   worker that dies without a word -- a crash before Python starts, a bad
+   command, SIGKILL -- is noticed too. No PID is needed or trusted for this.
+3. *Wait.* The log is polled through the runtime (20 ms, backing off to
+   250 ms). An ``exited`` line is looked for *before* the ``listening`` line,
+   and after ``listening`` is seen the log is read once more after a short
+   settle: a worker that announced and then died fails the launch with its log
+   tail instead of handing back a dead port. The deadline is ``start_timeout``.
+4. *Connect.* The client connects to the announced port and authenticates;
+   the :class:`Session` holds the client.
+
+:meth:`Session.close` runs at most once (later calls return the first
+result): the ``session.close`` RPC with ``shutdown=True`` kills every process
+carrying the marker and makes execd exit. When the RPC fails (execd killed,
+hung, unreachable), ``execd cleanup --marker ...`` runs through the runtime
+instead. Then the log is watched for execd's exit, the token file is removed
+if still there, and the log is kept (``keep_log=False`` removes it and, when
+:func:`serve` created it, the working directory).
+
+A lost connection (reset, or no answer to keepalives for three intervals)
+fails calls with :class:`~harnessd.errors.ConnectionLost`;
+:meth:`Session.reconnect` opens a new connection to the same execd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import posixpath
+import re
+import secrets
+import sys
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harnessd.api import ExecdClient, connect
+from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
+from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError
+from harnessd.token import new_token
+from protocol import limits
+from protocol.api.core import CloseReport
+
+log = logging.getLogger("harnessd.launcher")
+
+DEFAULT_MARKER_VAR = "EXECD_MARKER"
+LOG_TAIL_LINES = 40
+"""How many trailing log lines a LaunchFailed carries."""
+
+MAX_LOG_READ = 8 * 1024 * 1024
+"""Largest log the launcher reads back."""
+
+_SH = "/bin/sh"
+_POLL_FIRST = 0.02
+_POLL_MAX = 0.25
+_SETTLE = 0.05
+_MAX_LINE = 1000
+_REDACTED = "[token redacted]"
+_MARKER_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_MARKER_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+
+# Runs as: sh -c SCRIPT execd-supervisor EXECD_ARGV...  Reports how execd ended
+# even when execd itself could not (crash, SIGKILL, command not found).
+_SUPERVISOR = """\
+"$@"
+status=$?
+printf '{"event": "exited", "code": %d, "source": "supervisor"}\\n' "$status"
+exit "$status"
+"""
+
+
+def default_execd_command() -> list[str]:
+    """``[sys.executable, "-m", "execd"]``: right wherever the workspace shares this install."""
+    return [sys.executable, "-m", "execd"]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseResult:
+    """What :meth:`Session.close` did.
+
+    ``killed``/``remaining``: processes killed by marker and marked processes
+    still alive afterwards (from the RPC's report, or from the fallback's when
+    it ran). ``fallback_ran``: ``execd cleanup`` ran through the runtime
+    because the RPC did not clean up. ``worker_exited``/``exit_code``: the
+    log showed execd's exit (``exit_code`` as the shell reports it, 128+N
+    after signal N). ``rpc_error``, ``fallback_error``, ``housekeeping_error``
+    describe failures of the corresponding step.
+    """
+
+    killed: int
+    remaining: tuple[int, ...]
+    fallback_ran: bool
+    worker_exited: bool
+    exit_code: int | None = None
+    rpc_error: str | None = None
+    fallback_error: str | None = None
+    housekeeping_error: str | None = None
+
+    @property
+    def leftover(self) -> int:
+        """How many marked processes were still alive."""
+        return len(self.remaining)
+
+    @property
+    def clean(self) -> bool:
+        """True when cleanup ran to completion and left no marked process."""
+        return not self.remaining and self.fallback_error is None
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """How a session connects and cleans up; fixed at launch."""
+
+    execd_command: tuple[str, ...]
+    encrypt: bool | str
+    keepalive: float | None
+    connect_timeout: float
+    cleanup_timeout: float
+    token_path: str
+    created_workdir: bool
+
+
+class Session:
+    """One live execd in a workspace, with its authenticated client.
+
+    Public fields: ``client`` (the current :class:`~harnessd.api.ExecdClient`),
+    ``host``/``port`` (where the client connects), ``marker``/``marker_var``,
+    ``pid`` (as announced by execd: informational only, nothing relies on it),
+    ``workdir``, ``log_path`` and ``runtime``. The token stays private: it is
+    needed for :meth:`reconnect` and never shown by ``repr()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: ExecdClient,
+        host: str,
+        port: int,
+        marker: str,
+        marker_var: str,
+        pid: int,
+        workdir: str,
+        log_path: str,
+        runtime: Runtime,
+        token: str,
+        options: _Options,
+    ) -> None:
+        self.client = client
+        self.host = host
+        self.port = port
+        self.marker = marker
+        self.marker_var = marker_var
+        self.pid = pid
+        self.workdir = workdir
+        self.log_path = log_path
+        self.runtime = runtime
+        self._token = token
+        self._options = options
+        self._closing: asyncio.Future[CloseResult] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Session(host={self.host!r}, port={self.port}, marker={self.marker!r}, "
+            f"pid={self.pid}, workdir={self.workdir!r}, runtime={self.runtime!r})"
+        )
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closing is not None
+
+    async def reconnect(self, *, timeout: float | None = None) -> ExecdClient:
+        """Connect again to the same execd and make the new client ``session.client``.
+
+        The previous client is closed, so calls on it keep failing with
+        ConnectionLost (execd treats its connection as gone: its attached,
+        non-detached commands are stopped). Raises ConnectFailed,
+        HandshakeFailed, or ConnectionLost when the session is closed.
+        """
+        if self._closing is not None:
+            raise ConnectionLost("the session is closed")
+        client = await self._connect(timeout)
+        old, self.client = self.client, client
+        await old.close()
+        return client
+
+    async def close(self, *, keep_log: bool = True) -> CloseResult:
+        """Kill every marked process, stop execd, and report what was left.
+
+        Idempotent: a second call (or a concurrent one) returns the first
+        call's result, and its ``keep_log`` is ignored. Safe in ``finally``
+        blocks and under cancellation: the cleanup is shielded and runs to its
+        end (each step is bounded by a timeout) before CancelledError
+        propagates. With ``keep_log`` (default) the log stays at
+        ``log_path``; otherwise it is removed, with the working directory when
+        :func:`serve` created it.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._shutdown(keep_log))
+        task = self._closing
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([task])
+            raise
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- internals -------------------------------------------------------------
+
+    async def _connect(self, timeout: float | None) -> ExecdClient:
+        opts = self._options
+        return await connect(
+            self.host,
+            self.port,
+            self._token,
+            encrypt=opts.encrypt,
+            timeout=opts.connect_timeout if timeout is None else timeout,
+            keepalive=opts.keepalive,
+        )
+
+    async def _close_call(self, client: ExecdClient) -> CloseReport:
+        budget = self._options.cleanup_timeout
+        async with asyncio.timeout(budget + 10.0):
+            return await client.close_session(shutdown=True, timeout=budget)
+
+    async def _close_remote(self) -> CloseReport:
+        try:
+            return await self._close_call(self.client)
+        except ConnectionLost:
+            log.info("connection to execd lost; reconnecting to close the session")
+        client = await self._connect(None)
+        old, self.client = self.client, client
+        await old.close()
+        return await self._close_call(client)
+
+    async def _shutdown(self, keep_log: bool) -> CloseResult:
+        report: CloseReport | None = None
+        rpc_error: str | None = None
+        try:
+            report = await self._close_remote()
+        except (HarnessError, TimeoutError, OSError) as exc:
+            rpc_error = f"{type(exc).__name__}: {exc}"
+            log.warning("session.close failed (%s); falling back to execd cleanup", rpc_error)
+        with contextlib.suppress(Exception):
+            await self.client.close()
+        killed = report.killed if report is not None else 0
+        remaining: tuple[int, ...] = tuple(report.remaining) if report is not None else ()
+        fallback_ran = report is None or bool(report.remaining)
+        fallback_error: str | None = None
+        if fallback_ran:
+            try:
+                more, remaining = await self._fallback_cleanup()
+                killed += more
+            except HarnessError as exc:
+                fallback_error = str(exc)
+                log.error("execd cleanup failed: %s", exc)
+        exit_code = await _await_exit(
+            self.runtime, self.log_path, 10.0 if report is not None else 2.0
+        )
+        housekeeping_error = await self._housekeeping(keep_log)
+        result = CloseResult(
+            killed=killed,
+            remaining=remaining,
+            fallback_ran=fallback_ran,
+            worker_exited=exit_code is not None,
+            exit_code=exit_code,
+            rpc_error=rpc_error,
+            fallback_error=fallback_error,
+            housekeeping_error=housekeeping_error,
+        )
+        if result.remaining:
+            log.error("session %s: marked processes survived cleanup: %s", self.marker, remaining)
+        return result
+
+    async def _fallback_cleanup(self) -> tuple[int, tuple[int, ...]]:
+        budget = self._options.cleanup_timeout
+        argv = [
+            *self._options.execd_command,
+            "cleanup",
+            "--marker",
+            self.marker,
+            "--marker-var",
+            self.marker_var,
+            "--timeout",
+            str(budget),
+        ]
+        result = await self.runtime.run(argv, timeout=budget + 30.0)
+        for line in reversed(result.stdout.splitlines()):
+            event = _parse_event(line)
+            if event is not None and event.get("event") == "cleanup":
+                killed = event.get("killed")
+                left = event.get("remaining")
+                if isinstance(killed, int) and isinstance(left, list):
+                    return killed, tuple(pid for pid in left if isinstance(pid, int))
+        detail = result.stderr.decode("utf-8", "replace").strip()[-2000:]
+        raise WorkspaceError(
+            f"execd cleanup gave no report (status {result.exit_code}): {detail or 'no output'}"
+        )
+
+    async def _housekeeping(self, keep_log: bool) -> str | None:
+        opts = self._options
+        try:
+            if not keep_log and opts.created_workdir:
+                await remove_workdir(self.runtime, self.workdir)
+                return None
+            doomed = [opts.token_path] if keep_log else [opts.token_path, self.log_path]
+            result = await self.runtime.run(["rm", "-f", "--", *doomed], timeout=30.0)
+        except HarnessError as exc:
+            return str(exc)
+        if result.exit_code != 0:
+            return f"rm failed: {result.stderr.decode('utf-8', 'replace').strip()[:500]}"
+        return None
+
+
+class Launch:
+    """What :func:`serve` returns: await it for a Session, or use it with ``async with``.
+
+    ``session = await serve(...)`` leaves closing to the caller;
+    ``async with serve(...) as session:`` closes the session on exit.
+    """
+
+    def __init__(self, start: Callable[[], Awaitable[Session]]) -> None:
+        self._start = start
+        self._session: Session | None = None
+
+    async def _launch(self) -> Session:
+        if self._session is None:
+            self._session = await self._start()
+        return self._session
+
+    def __await__(self) -> Generator[Any, None, Session]:
+        return self._launch().__await__()
+
+    async def __aenter__(self) -> Session:
+        return await self._launch()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def serve(
+    runtime: Runtime | None = None,
+    *,
+    execd_command: Sequence[str] | None = None,
+    bind_host: str = "127.0.0.1",
+    connect_host: str | None = None,
+    port: int = 0,
+    workdir: str | None = None,
+    marker: str | None = None,
+    marker_var: str = DEFAULT_MARKER_VAR,
+    lease: float | None = None,
+    encrypt: bool | str = False,
+    start_timeout: float = 15.0,
+    extra_args: Sequence[str] = (),
+    keepalive: float | None = 2.0,
+    connect_timeout: float = 10.0,
+    cleanup_timeout: float = 10.0,
+) -> Launch:
+    """Start execd in the workspace of ``runtime`` and return a connected :class:`Session`.
+
+    ``runtime``: where execd runs (default :class:`~harnessd.runtime.LocalRuntime`).
+    ``execd_command``: the argv that starts execd there (default
+    :func:`default_execd_command`); the launcher appends ``--host``,
+    ``--port``, ``--token-file``, ``--marker``, ``--marker-var``, ``--lease``
+    and then ``extra_args``; ``execd_command + ["cleanup", ...]`` is the
+    fallback cleanup. ``bind_host``/``port``: what execd binds (port 0: the
+    kernel picks). ``connect_host``: where to connect (default: the announced
+    host; a wildcard address means the loopback of the same family).
+    ``workdir``: a private directory in the workspace for the token file and
+    the log (default: a new ``/tmp/execd-<random>``, mode 0700; a given one is
+    created with ``mkdir -p -m 700`` if missing). ``marker``: the session
+    marker (default: 32 random hex digits). ``lease``: execd cleans up and
+    exits after this many seconds without an authenticated connection.
+    ``encrypt``/``keepalive``/``connect_timeout``: passed to
+    :func:`harnessd.api.connect`. ``start_timeout``: how long execd may take to
+    announce. ``cleanup_timeout``: the budget of marker cleanup at close.
+
+    Raises :class:`~harnessd.errors.LaunchFailed` (message with execd's log
+    tail, never the token) when execd cannot be started, dies during startup,
+    or cannot be reached.
+    """
+    rt: Runtime = runtime if runtime is not None else LocalRuntime()
+    command = tuple(execd_command) if execd_command is not None else tuple(default_execd_command())
+    if not command:
+        raise ValueError("execd_command must not be empty")
+    value = marker if marker is not None else secrets.token_hex(16)
+    if not _MARKER_RE.fullmatch(value):
+        raise ValueError("marker must be 1-128 characters of [A-Za-z0-9_.-]")
+    if not _MARKER_VAR_RE.fullmatch(marker_var):
+        raise ValueError("marker_var must be a valid environment variable name")
+    created = workdir is None
+    directory = workdir if workdir is not None else f"/tmp/execd-{secrets.token_hex(8)}"  # noqa: S108
+    if not posixpath.isabs(directory):
+        raise ValueError("workdir must be an absolute path in the workspace")
+    tag = value[:12]
+    options = _Options(
+        execd_command=command,
+        encrypt=encrypt,
+        keepalive=keepalive,
+        connect_timeout=connect_timeout,
+        cleanup_timeout=cleanup_timeout,
+        token_path=posixpath.join(directory, f"token-{tag}"),
+        created_workdir=created,
+    )
+    plan = _Plan(
+        runtime=rt,
+        options=options,
+        marker=value,
+        marker_var=marker_var,
+        workdir=directory,
+        log_path=posixpath.join(directory, f"execd-{tag}.log"),
+        bind_host=bind_host,
+        connect_host=connect_host,
+        port=port,
+        lease=lease,
+        start_timeout=start_timeout,
+        extra_args=tuple(extra_args),
+    )
+    return Launch(plan.launch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Announcement:
+    host: str
+    port: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One launch's parameters; :meth:`launch` carries it out."""
+
+    runtime: Runtime
+    options: _Options
+    marker: str
+    marker_var: str
+    workdir: str
+    log_path: str
+    bind_host: str
+    connect_host: str | None
+    port: int
+    lease: float | None
+    start_timeout: float
+    extra_args: tuple[str, ...]
+
+    def argv(self) -> list[str]:
+        args = [
+            *self.options.execd_command,
+            "--host",
+            self.bind_host,
+            "--port",
+            str(self.port),
+            "--token-file",
+            self.options.token_path,
+            "--marker",
+            self.marker,
+            "--marker-var",
+            self.marker_var,
+        ]
+        if self.lease is not None:
+            args += ["--lease", repr(float(self.lease))]
+        return [_SH, "-c", _SUPERVISOR, "execd-supervisor", *args, *self.extra_args]
+
+    async def launch(self) -> Session:
+        token = new_token()
+        await self._prepare(token)
+        try:
+            await self.runtime.start_background(self.argv(), log_path=self.log_path)
+        except BaseException as exc:
+            await _bounded(self._discard_token())
+            if isinstance(exc, WorkspaceError):
+                raise LaunchFailed(f"cannot start execd: {exc}") from exc
+            raise
+        announced: _Announcement | None = None
+        try:
+            announced = await self._await_announcement(token)
+            host = self.connect_host or _connectable(announced.host)
+            client = await connect(
+                host,
+                announced.port,
+                token,
+                encrypt=self.options.encrypt,
+                timeout=self.options.connect_timeout,
+                keepalive=self.options.keepalive,
+            )
+        except BaseException as exc:
+            await _bounded(self._abandon(token, announced))
+            if isinstance(exc, LaunchFailed):
+                raise
+            if isinstance(exc, HarnessError):
+                where = f"{host}:{announced.port}" if announced is not None else "a port"
+                raise LaunchFailed(
+                    f"execd listens on {where} but connecting failed: {exc}"
+                ) from exc
+            raise
+        log.info(
+            "execd up at %s:%d (pid %d, marker %s, log %s)",
+            host,
+            announced.port,
+            announced.pid,
+            self.marker,
+            self.log_path,
+        )
+        return Session(
+            client=client,
+            host=host,
+            port=announced.port,
+            marker=self.marker,
+            marker_var=self.marker_var,
+            pid=announced.pid,
+            workdir=self.workdir,
+            log_path=self.log_path,
+            runtime=self.runtime,
+            token=token,
+            options=self.options,
+        )
+
+    async def _prepare(self, token: str) -> None:
+        mkdir = ["mkdir", "-m", "700", "--", self.workdir]
+        if not self.options.created_workdir:
+            mkdir.insert(1, "-p")
+        try:
+            made = await self.runtime.run(mkdir, timeout=30.0)
+            if made.exit_code != 0:
+                detail = made.stderr.decode("utf-8", "replace").strip()[:500]
+                raise LaunchFailed(f"cannot create the workdir {self.workdir}: {detail}")
+            await self.runtime.write_file(self.options.token_path, token.encode(), mode=0o600)
+        except WorkspaceError as exc:
+            raise LaunchFailed(f"cannot prepare the workdir {self.workdir}: {exc}") from exc
+
+    async def _await_announcement(self, token: str) -> _Announcement:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout
+        delay = _POLL_FIRST
+        data = b""
+        read_error: WorkspaceError | None = None
+        while True:
+            try:
+                data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
+                read_error = None
+            except WorkspaceError as exc:
+                read_error = exc
+            exited, listening = _scan(data)
+            if exited is not None:
+                raise self._failure(_describe_exit(exited), data, token)
+            if listening is not None:
+                await asyncio.sleep(_SETTLE)
+                with contextlib.suppress(WorkspaceError):
+                    data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
+                exited, _ = _scan(data)
+                if exited is not None:
+                    raise self._failure(
+                        f"announced a port, then {_describe_exit(exited)}", data, token
+                    )
+                return self._check(listening, data, token)
+            left = deadline - loop.time()
+            if left <= 0:
+                why = f"did not announce a port within {self.start_timeout:g} s"
+                if read_error is not None:
+                    why += f" (last log read failed: {read_error})"
+                raise self._failure(why, data, token)
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 1.5, _POLL_MAX)
+
+    def _check(self, event: dict[str, Any], data: bytes, token: str) -> _Announcement:
+        host, port, pid = event.get("host"), event.get("port"), event.get("pid")
+        if not (
+            isinstance(host, str)
+            and isinstance(port, int)
+            and 0 < port < 65536
+            and isinstance(pid, int)
+        ):
+            raise self._failure("announced a malformed listening line", data, token)
+        if event.get("marker") != self.marker:
+            raise self._failure("announced a different marker than it was given", data, token)
+        if event.get("protocol") != limits.PROTOCOL_VERSION:
+            raise self._failure(
+                f"speaks protocol {event.get('protocol')!r}, "
+                f"this harness speaks {limits.PROTOCOL_VERSION}",
+                data,
+                token,
+            )
+        return _Announcement(host=host, port=port, pid=pid)
+
+    def _failure(self, why: str, data: bytes, token: str) -> LaunchFailed:
+        tail = log_tail(data, token)
+        return LaunchFailed(f"execd {why}\n--- last lines of {self.log_path} ---\n{tail}")
+
+    async def _discard_token(self) -> None:
+        with contextlib.suppress(HarnessError):
+            await self.runtime.run(["rm", "-f", "--", self.options.token_path], timeout=30.0)
+
+    async def _abandon(self, token: str, announced: _Announcement | None) -> None:
+        """Undo a launch that failed after execd was started (best effort)."""
+        await self._discard_token()
+        if announced is None:
+            return
+        data = b""
+        with contextlib.suppress(WorkspaceError):
+            data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
+        if _scan(data)[0] is not None:
+            return
+        host = self.connect_host or _connectable(announced.host)
+        with contextlib.suppress(HarnessError, TimeoutError, OSError):
+            client = await connect(
+                host, announced.port, token, encrypt=self.options.encrypt, timeout=5.0
+            )
+            async with client:
+                await client.close_session(shutdown=True, timeout=self.options.cleanup_timeout)
+
+
+async def _bounded(work: Awaitable[None], limit: float = 30.0) -> None:
+    """Run cleanup ``work`` to its end (at most ``limit`` s) even if the caller is cancelled."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait_for(asyncio.shield(task), limit)
+    except asyncio.CancelledError:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, limit)
+        raise
+    except TimeoutError:
+        task.cancel()
+
+
+def _parse_event(line: bytes) -> dict[str, Any] | None:
+    text = line.strip()
+    if not text.startswith(b"{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("event"), str):
+        return value
+    return None
+
+
+def _scan(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The first ``exited`` and the first ``listening`` event in a log."""
+    exited: dict[str, Any] | None = None
+    listening: dict[str, Any] | None = None
+    for line in data.splitlines():
+        event = _parse_event(line)
+        if event is None:
+            continue
+        if event["event"] == "exited" and exited is None:
+            exited = event
+        elif event["event"] == "listening" and listening is None:
+            listening = event
+    return exited, listening
+
+
+def _describe_exit(event: dict[str, Any]) -> str:
+    code = event.get("code")
+    error = event.get("error")
+    if event.get("source") == "supervisor" and isinstance(code, int) and code > 128:
+        what = f"was ended by signal {code - 128}"
+    else:
+        what = f"exited with status {code}"
+    if isinstance(error, str) and error:
+        what += f": {error[:_MAX_LINE]}"
+    return what
+
+
+def log_tail(data: bytes, token: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log, each cut to 1000 characters, ``token`` redacted."""
+    text = data.decode("utf-8", "replace")
+    if token:
+        text = text.replace(token, _REDACTED)
+    kept = text.splitlines()[-lines:]
+    shown = [line if len(line) <= _MAX_LINE else line[:_MAX_LINE] + "..." for line in kept]
+    return "\n".join(shown) if shown else "(the log is empty)"
+
+
+def _connectable(host: str) -> str:
+    if host in ("0.0.0.0", ""):  # noqa: S104 - recognising the wildcard, not binding it
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+async def _await_exit(runtime: Runtime, log_path: str, limit: float) -> int | None:
+    """Poll the log until an ``exited`` line appears; its code, or None after ``limit`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    delay = _POLL_FIRST
+    while True:
+        with contextlib.suppress(WorkspaceError):
+            exited, _ = _scan(await runtime.read_file(log_path, max_bytes=MAX_LOG_READ))
+            if exited is not None:
+                code = exited.get("code")
+                return code if isinstance(code, int) else -1
+        left = deadline - loop.time()
+        if left <= 0:
+            return None
+        await asyncio.sleep(min(delay, left))
+        delay = min(delay * 1.5, _POLL_MAX)
+
+
+async def remove_workdir(runtime: Runtime, path: str) -> None:
+    """Remove a launcher working directory and everything in it (``rm -rf``) via ``runtime``.
+
+    :meth:`Session.close` calls this with ``keep_log=False`` when :func:`serve`
+    created the directory. Refuses relative paths, ``/`` and paths with ``..``.
+    Raises WorkspaceError when removal fails.
+    """
+    normal = posixpath.normpath(path)
+    if not posixpath.isabs(path) or not normal.strip("/") or ".." in path.split("/"):
+        raise ValueError(f"refusing to remove {path!r}")
+    result = await runtime.run(["rm", "-rf", "--", normal], timeout=30.0)
+    if result.exit_code != 0:
+        detail = result.stderr.decode("utf-8", "replace").strip()[:500]
+        raise WorkspaceError(f"cannot remove {normal}: {detail}")

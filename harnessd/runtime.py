@@ -1,0 +1,419 @@
+"""Where the launcher's commands run: the workspace runtime interface and two built-ins.
+
+The launcher (:mod:`harnessd.launcher`) never touches the workspace directly.
+Everything it does there -- make a private directory, drop the token file,
+start execd in the background, read execd's log, run ``execd cleanup`` -- goes
+through an object implementing :class:`Runtime`. Two implementations ship:
+
+* :class:`LocalRuntime`: processes on this machine (the embedded default).
+* :class:`CommandPrefixRuntime`: every argv is wrapped in a fixed prefix, e.g.
+  ``["ssh", "host"]``, ``["docker", "exec", "-i", "box"]`` or
+  ``["ip", "netns", "exec", "ws", "setpriv", "--reuid", "agent", ...]``. The
+  workspace only needs ``/bin/sh`` and the POSIX utilities ``cat``, ``chmod``
+  and ``mkdir`` (``setsid`` is used when present).
+
+An embedding framework can pass its own object instead; it only has to
+provide the four coroutines of :class:`Runtime`. Secrets travel as file
+content (``write_file`` data, on stdin for wrapped commands), never in argv or
+in the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from harnessd.errors import HarnessError
+from harnessd.token import TOKEN_VAR
+
+DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
+"""Default cap on the bytes kept from each output stream of :meth:`Runtime.run`."""
+
+DEFAULT_MAX_READ = 16 * 1024 * 1024
+"""Default largest file :meth:`Runtime.read_file` returns."""
+
+_CHUNK = 64 * 1024
+_SH = "/bin/sh"
+
+
+class WorkspaceError(HarnessError):
+    """A runtime operation failed: a command could not start or timed out, a file op failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """Outcome of :meth:`Runtime.run`.
+
+    ``exit_code`` follows :attr:`subprocess.Popen.returncode`: negative ``-N``
+    when signal ``N`` ended the command. ``truncated`` says output beyond the
+    cap of one stream was dropped.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool = False
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the launcher needs from a workspace.
+
+    ``run``
+        Run ``argv`` to completion and return its exit code and output. ``stdin``
+        bytes are fed to it (else it reads an empty stdin). ``timeout`` bounds the
+        whole run; past it the command is killed and WorkspaceError raised. A
+        command that cannot be started raises WorkspaceError; a non-zero exit
+        is returned, not raised.
+    ``start_background``
+        Start ``argv`` detached from the caller (its own session, stdin from
+        ``/dev/null``), stdout and stderr appended to ``log_path`` (created
+        with mode 0600 when missing), and return once it is started. It
+        returns nothing: no PID comes back, because nothing the launcher does
+        may depend on one.
+    ``read_file``
+        The whole content of ``path``; WorkspaceError when it cannot be read or
+        is larger than ``max_bytes``.
+    ``write_file``
+        Create ``path`` holding ``data`` with permission bits ``mode``. The file
+        must not exist yet (WorkspaceError otherwise), and is never accessible
+        with wider permissions than 0600 while it is written, so a token written
+        with the default mode is not readable by anyone else at any instant.
+        With ``make_parents`` the missing parent directories are created first
+        with mode 0700.
+    """
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult: ...
+
+    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None: ...
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes: ...
+
+    async def write_file(
+        self, path: str, data: bytes, *, mode: int = 0o600, make_parents: bool = False
+    ) -> None: ...
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment without the token variable."""
+    return {name: value for name, value in os.environ.items() if name != TOKEN_VAR}
+
+
+def _describe(argv: Sequence[str]) -> str:
+    return shlex.quote(argv[0]) if argv else "(empty argv)"
+
+
+async def _collect(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
+    if stream is None:
+        return b"", False
+    kept = bytearray()
+    dropped = False
+    while chunk := await stream.read(_CHUNK):
+        room = cap - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+        if len(chunk) > room:
+            dropped = True
+    return bytes(kept), dropped
+
+
+async def _feed(writer: asyncio.StreamWriter | None, data: bytes) -> None:
+    if writer is None:
+        return
+    try:
+        writer.write(data)
+        await writer.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await writer.wait_closed()
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float | None = None,
+    max_output: int = DEFAULT_MAX_OUTPUT,
+) -> CommandResult:
+    """Run ``argv`` on this machine to completion (the body of :meth:`LocalRuntime.run`).
+
+    The command leads its own session; on timeout or cancellation its whole
+    process group is killed. The environment is this process's, minus the
+    token variable.
+    """
+    if not argv:
+        raise WorkspaceError("cannot run an empty argv")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=_child_env(),
+        )
+    except OSError as exc:
+        raise WorkspaceError(f"cannot start {_describe(argv)}: {exc.strerror or exc}") from None
+    try:
+        async with asyncio.timeout(timeout):
+            (out, out_cut), (err, err_cut), _ = await asyncio.gather(
+                _collect(proc.stdout, max_output),
+                _collect(proc.stderr, max_output),
+                _feed(proc.stdin, stdin or b""),
+            )
+            code = await proc.wait()
+    except TimeoutError:
+        _kill_group(proc)
+        await proc.wait()
+        raise WorkspaceError(f"{_describe(argv)} timed out after {timeout} s") from None
+    except BaseException:
+        _kill_group(proc)
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(proc.wait())
+        raise
+    return CommandResult(exit_code=code, stdout=out, stderr=err, truncated=out_cut or err_cut)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    proc.wait()
+
+
+def _spawn_detached(argv: Sequence[str], log_path: str) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    log_fd = os.open(log_path, flags, 0o600)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+            env=_child_env(),
+        )
+    finally:
+        os.close(log_fd)
+    threading.Thread(target=_reap, args=(proc,), name=f"reap-{proc.pid}", daemon=True).start()
+
+
+def _write_new_file(path: str, data: bytes, mode: int, make_parents: bool) -> None:
+    if make_parents:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _read_capped(path: str, max_bytes: int) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise WorkspaceError(f"{path} is larger than {max_bytes} bytes")
+    return data
+
+
+def _os_failure(action: str, path: str, exc: OSError) -> WorkspaceError:
+    return WorkspaceError(f"cannot {action} {path}: {exc.strerror or exc}")
+
+
+class LocalRuntime:
+    """Processes and files on this machine, as this process's user.
+
+    ``start_background`` makes the process a direct child in a session of its
+    own (so a terminal's Ctrl-C or a hangup of the harness does not reach it),
+    with stdin from ``/dev/null``; a daemon thread reaps it whenever it exits,
+    independent of any event loop. Files are written with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600 from the first instant.
+    """
+
+    def __init__(self, *, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+        self.max_output = max_output
+
+    def __repr__(self) -> str:
+        return "LocalRuntime()"
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` here to completion; see :class:`Runtime`."""
+        return await run_process(argv, stdin=stdin, timeout=timeout, max_output=self.max_output)
+
+    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
+        """Start ``argv`` detached, output appended to ``log_path``; see :class:`Runtime`."""
+        if not argv:
+            raise WorkspaceError("cannot start an empty argv")
+        try:
+            await asyncio.to_thread(_spawn_detached, argv, log_path)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot start {_describe(argv)}: {exc.strerror or exc}") from None
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
+        """The content of ``path``; see :class:`Runtime`."""
+        try:
+            return await asyncio.to_thread(_read_capped, path, max_bytes)
+        except OSError as exc:
+            raise _os_failure("read", path, exc) from None
+
+    async def write_file(
+        self, path: str, data: bytes, *, mode: int = 0o600, make_parents: bool = False
+    ) -> None:
+        """Create ``path`` with ``data`` and ``mode``; see :class:`Runtime`."""
+        try:
+            await asyncio.to_thread(_write_new_file, path, data, mode & 0o7777, make_parents)
+        except OSError as exc:
+            raise _os_failure("write", path, exc) from None
+
+
+# Runs as: sh -c SCRIPT sh LOG ARGV...  Creates the log 0600 without changing the
+# umask the command inherits, then starts the command in the background in a
+# session of its own (when setsid exists) and returns at once.
+_BACKGROUND_SCRIPT = """\
+log=$1; shift
+saved=$(umask)
+umask 077
+: >>"$log" || exit 1
+umask "$saved"
+if command -v setsid >/dev/null 2>&1; then set -- setsid "$@"; fi
+"$@" </dev/null >>"$log" 2>&1 &
+"""
+
+# Runs as: sh -c SCRIPT sh PATH MODE PARENT, data on stdin.  noclobber makes
+# the redirection fail on an existing file (O_EXCL); umask 077 keeps the file
+# 0600 until the final chmod.
+_WRITE_SCRIPT = """\
+umask 077
+if [ -n "$3" ]; then mkdir -p -m 700 -- "$3" || exit 1; fi
+set -C
+cat >"$1" || exit 1
+chmod "$2" -- "$1"
+"""
+
+
+class CommandPrefixRuntime:
+    """Every command runs as ``prefix + argv``: ssh, docker exec, ip netns exec, setpriv, ...
+
+    ``run(argv)`` runs ``prefix + argv``. ``start_background`` runs a short
+    ``/bin/sh`` script through the prefix that starts the command in the
+    background (under ``setsid`` when available) with output appended to the
+    log, and returns immediately. ``read_file`` runs ``cat``; ``write_file``
+    runs ``/bin/sh`` with ``umask 077`` and noclobber, the data on stdin.
+    Paths and arguments are passed as separate argv items, never spliced into
+    shell text. A prefix that goes through a remote shell (``ssh``) joins its
+    arguments into one command line: every argument after the prefix is then
+    shell-quoted with :func:`shlex.quote` when ``quote_for_remote_shell`` is set.
+    """
+
+    def __init__(
+        self,
+        prefix: Sequence[str],
+        *,
+        quote_for_remote_shell: bool = False,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> None:
+        if isinstance(prefix, str) or not all(isinstance(part, str) for part in prefix):
+            raise TypeError("prefix must be a sequence of strings")
+        self.prefix = list(prefix)
+        self.quote_for_remote_shell = quote_for_remote_shell
+        self.max_output = max_output
+
+    def __repr__(self) -> str:
+        return f"CommandPrefixRuntime({self.prefix!r})"
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """The argv actually run on this machine for ``argv`` in the workspace."""
+        tail = [shlex.quote(arg) for arg in argv] if self.quote_for_remote_shell else list(argv)
+        return [*self.prefix, *tail]
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run ``prefix + argv`` to completion; see :class:`Runtime`."""
+        if not argv:
+            raise WorkspaceError("cannot run an empty argv")
+        return await run_process(
+            self.wrap(argv), stdin=stdin, timeout=timeout, max_output=self.max_output
+        )
+
+    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
+        """Start ``argv`` detached in the workspace; see :class:`Runtime`."""
+        if not argv:
+            raise WorkspaceError("cannot start an empty argv")
+        result = await self.run([_SH, "-c", _BACKGROUND_SCRIPT, "sh", log_path, *argv])
+        if result.exit_code != 0:
+            raise WorkspaceError(
+                f"cannot start {_describe(argv)} in the background "
+                f"(status {result.exit_code}): {_stderr_text(result)}"
+            )
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
+        """The content of ``path`` via ``cat``; see :class:`Runtime`."""
+        result = await run_process(
+            self.wrap(["cat", "--", path]), max_output=max_bytes, timeout=None
+        )
+        if result.exit_code != 0:
+            raise WorkspaceError(f"cannot read {path}: {_stderr_text(result)}")
+        if result.truncated:
+            raise WorkspaceError(f"{path} is larger than {max_bytes} bytes")
+        return result.stdout
+
+    async def write_file(
+        self, path: str, data: bytes, *, mode: int = 0o600, make_parents: bool = False
+    ) -> None:
+        """Create ``path`` with ``data`` and ``mode`` via ``/bin/sh``; see :class:`Runtime`."""
+        parent = posixpath.dirname(path) if make_parents else ""
+        argv = [_SH, "-c", _WRITE_SCRIPT, "sh", path, format(mode & 0o7777, "o"), parent]
+        result = await self.run(argv, stdin=data)
+        if result.exit_code != 0:
+            raise WorkspaceError(f"cannot write {path}: {_stderr_text(result)}")
+
+
+def _stderr_text(result: CommandResult, limit: int = 2000) -> str:
+    text = result.stderr.decode("utf-8", "replace").strip()
+    if len(text) > limit:
+        text = "..." + text[-limit:]
+    return text or f"exit status {result.exit_code}"

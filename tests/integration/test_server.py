@@ -1,0 +1,246 @@
+"""execd's process contract and core RPC behaviour, against a real execd subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import harnessd
+from harnessd import errors
+from protocol.codec import ENCODER
+from protocol.messages import Hello
+from tests.support.daemon import RunningExecd, start_execd
+
+
+@pytest.fixture
+def execd(tmp_path: Path) -> Iterator[RunningExecd]:
+    with start_execd(tmp_path, "--handshake-timeout", "1.5") as daemon:
+        yield daemon
+
+
+def arun(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(main())
+
+
+def test_announces_listening_line_and_serves(execd: RunningExecd) -> None:
+    assert execd.host == "127.0.0.1"
+    assert execd.port > 0
+
+    async def main() -> None:
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            await client.noop()
+            assert await client.echo(b"\x00abc") == b"\x00abc"
+            info = await client.server_info()
+            assert info.pid == execd.pid
+            assert info.marker == execd.marker
+            assert "shell.run" in info.methods
+
+    arun(main)
+
+
+def test_refuses_to_start_without_token(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "EXECD_TOKEN"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "execd"], capture_output=True, env=env, timeout=30, check=False
+    )
+    assert proc.returncode == 2
+    last = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert last["event"] == "exited"
+    assert last["code"] == 2
+    assert "token" in last["error"]
+    assert b"token" in proc.stderr
+
+
+def test_token_from_environment_is_scrubbed_and_file_removed(tmp_path: Path) -> None:
+    env = dict(os.environ, EXECD_TOKEN="s3cret-token-value-0123456789")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "execd", "--state-dir", str(tmp_path / "st")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["event"] == "listening"
+
+        async def main() -> None:
+            client = await harnessd.connect("127.0.0.1", line["port"], env["EXECD_TOKEN"])
+            result = await client.run(["env"])
+            assert b"EXECD_TOKEN" not in result.stdout
+            assert b"s3cret" not in result.stdout
+            assert f"EXECD_MARKER={line['marker']}".encode() in result.stdout
+            await client.close()
+
+        arun(main)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        assert proc.stderr is not None
+        assert b"s3cret" not in proc.stderr.read()
+        proc.stdout.close() if proc.stdout else None
+        proc.stderr.close()
+
+
+def test_token_file_is_removed_after_reading(execd: RunningExecd, tmp_path: Path) -> None:
+    assert not list(tmp_path.glob("token-*"))
+
+
+def test_wrong_token_is_rejected_and_daemon_keeps_serving(execd: RunningExecd) -> None:
+    async def main() -> None:
+        with pytest.raises(errors.AuthenticationFailed):
+            await harnessd.connect(execd.host, execd.port, "not-the-token")
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            await client.noop()
+
+    arun(main)
+
+
+def test_encrypted_session_works(execd: RunningExecd) -> None:
+    async def main() -> None:
+        for cipher in (True, "chacha20-poly1305", "aes-256-gcm"):
+            async with await harnessd.connect(
+                execd.host, execd.port, execd.token, encrypt=cipher
+            ) as client:
+                assert client.cipher != "none"
+                assert await client.echo(b"x" * 100_000) == b"x" * 100_000
+
+    arun(main)
+
+
+def test_unknown_method_and_bad_params_are_typed_errors(execd: RunningExecd) -> None:
+    async def main() -> None:
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            with pytest.raises(errors.UnknownMethod):
+                await client.call("no.such.method")
+            with pytest.raises(errors.InvalidParams):
+                await client.call("server.echo", {"data": 12})
+            with pytest.raises(errors.InvalidParams):
+                await client.call("shell.run", {"argv": "not-a-list"})
+            await client.noop()
+
+    arun(main)
+
+
+def test_cancelling_a_call_cancels_it_in_execd(execd: RunningExecd) -> None:
+    async def main() -> None:
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            handle = client.start("shell.run", {"argv": ["sleep", "30"]})
+            await asyncio.sleep(0.3)
+            handle.cancel()
+            with pytest.raises(errors.Cancelled):
+                await handle.result()
+            await client.noop()
+
+    arun(main)
+
+
+def test_handshake_deadline_closes_silent_connections(execd: RunningExecd) -> None:
+    with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
+        start = time.monotonic()
+        data = sock.recv(4096)
+        while data:
+            data = sock.recv(4096)
+        assert time.monotonic() - start < 8
+
+
+def test_oversized_preauth_frame_closes_only_that_connection(execd: RunningExecd) -> None:
+    with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">I", 0xFFFFFFFF))
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        (length,) = struct.unpack(">I", reply[:4])
+        abort = msgspec.msgpack.decode(reply[4 : 4 + length])
+        assert abort["t"] == "abort"
+        assert abort["code"] == 2
+
+    async def main() -> None:
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            await client.noop()
+
+    arun(main)
+
+
+def test_malformed_hello_gets_typed_abort(execd: RunningExecd) -> None:
+    bodies = [
+        b"\xc1",
+        msgspec.msgpack.encode({"t": "nope"}),
+        msgspec.msgpack.encode({"t": "hello", "versions": "x"}),
+        ENCODER.encode(
+            Hello(versions=[99], nonce=b"n" * 32, ciphers=["none"], max_frame=65536, window=65536)
+        ),
+    ]
+    expected = [3, 4, 5, 8]
+    for body, code in zip(bodies, expected, strict=True):
+        with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
+            sock.sendall(struct.pack(">I", len(body)) + body)
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+            (length,) = struct.unpack(">I", reply[:4])
+            abort = msgspec.msgpack.decode(reply[4 : 4 + length])
+            assert abort["t"] == "abort"
+            assert abort["code"] == code
+
+
+def test_many_calls_in_flight_on_one_connection(execd: RunningExecd) -> None:
+    async def main() -> None:
+        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+            payloads = [os.urandom(n % 300) for n in range(500)]
+            results = await asyncio.gather(*(client.echo(p) for p in payloads))
+            assert results == payloads
+
+    arun(main)
+
+
+def test_session_close_shuts_execd_down(execd: RunningExecd) -> None:
+    async def main() -> None:
+        client = await harnessd.connect(execd.host, execd.port, execd.token)
+        await client.run(["sh", "-c", "sleep 300 & echo started"])
+        report = await client.close_session()
+        assert report.remaining == []
+        await client.close()
+
+    arun(main)
+    assert execd.proc.wait(timeout=15) == 0
+
+
+def test_lease_expires_without_connections(tmp_path: Path) -> None:
+    with start_execd(tmp_path, "--lease", "1") as daemon:
+        assert daemon.proc.wait(timeout=20) == 0
+
+
+def test_crash_at_startup_prints_exit_line(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        env = dict(os.environ, EXECD_TOKEN="t" * 32)
+        proc = subprocess.run(
+            [sys.executable, "-m", "execd", "--port", str(port), "--state-dir", str(tmp_path)],
+            capture_output=True,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        busy.close()
+    assert proc.returncode != 0
+    last = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert last["event"] == "exited"
+    assert last["code"] == proc.returncode
+    assert last["error"]
