@@ -133,7 +133,9 @@ class ExecdClient(Client):
         params = shell.StatusParams(command_id=command_id)
         return await self.call(shell.STATUS, params, shell.CommandInfo)
 
-    async def wait_command(self, command_id: str, timeout: float | None = None) -> shell.CommandInfo:
+    async def wait_command(
+        self, command_id: str, timeout: float | None = None
+    ) -> shell.CommandInfo:
         """Wait for a detached command to exit (or ``timeout``)."""
         params = shell.WaitParams(command_id=command_id, timeout=timeout)
         return await self.call(shell.WAIT, params, shell.CommandInfo)

@@ -58,7 +58,9 @@ async def run_exec(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print("harnessd exec: no command given (use: harnessd exec ... -- ARGV...)", file=sys.stderr)
+        print(
+            "harnessd exec: no command given (use: harnessd exec ... -- ARGV...)", file=sys.stderr
+        )
         return 2
     token = read_token(args.token_file)
     client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
@@ -68,14 +70,16 @@ async def run_exec(args: argparse.Namespace) -> int:
             argv, cwd=args.cwd, timeout=args.timeout, stdin_stream=bool(args.interactive)
         )
 
+        forwarding: set[asyncio.Task[None]] = set()
+
         def forward(signum: int) -> None:
-            loop.create_task(_forward_signal(command, signum))
+            task = loop.create_task(_forward_signal(command, signum))
+            forwarding.add(task)
+            task.add_done_callback(forwarding.discard)
 
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(signum, forward, signum)
-        stdin_task = (
-            loop.create_task(_pump_stdin(command)) if args.interactive else None
-        )
+        stdin_task = loop.create_task(_pump_stdin(command)) if args.interactive else None
         out = sys.stdout.buffer
         err = sys.stderr.buffer
         async for name, data in command.output():
