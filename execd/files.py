@@ -31,6 +31,7 @@ from execd import fsops
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
+from protocol.api import files as api
 from protocol.api.files import (
     DATA_STREAM,
     ChmodParams,
@@ -136,15 +137,15 @@ class FilesCapability:
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return [
-            Method("files.read", ReadParams, self.read),
-            Method("files.write", WriteParams, self.write),
-            Method("files.stat", StatParams, self.stat),
-            Method("files.list", ListParams, self.list),
-            Method("files.mkdir", MkdirParams, self.mkdir),
-            Method("files.remove", RemoveParams, self.remove),
-            Method("files.move", MoveParams, self.move),
-            Method("files.chmod", ChmodParams, self.chmod),
-            Method("files.sha256", Sha256Params, self.sha256),
+            Method(api.READ, ReadParams, self.read),
+            Method(api.WRITE, WriteParams, self.write),
+            Method(api.STAT, StatParams, self.stat),
+            Method(api.LIST, ListParams, self.list),
+            Method(api.MKDIR, MkdirParams, self.mkdir),
+            Method(api.REMOVE, RemoveParams, self.remove),
+            Method(api.MOVE, MoveParams, self.move),
+            Method(api.CHMOD, ChmodParams, self.chmod),
+            Method(api.SHA256, Sha256Params, self.sha256),
         ]
 
     # -- read ----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from execd.ledger_store import (
     LedgerFile,
     LedgerReader,
 )
+from protocol.api import ledger as api
 from protocol.api.ledger import (
     AppendLargeParams,
     AppendParams,
@@ -291,11 +292,11 @@ class LedgerCapability:
     def methods(self) -> list[Method]:
         """The dispatch-table entries of this capability."""
         return [
-            Method("ledger.append", AppendParams, self.handle_append),
-            Method("ledger.append_large", AppendLargeParams, self.handle_append_large),
-            Method("ledger.head", HeadParams, self.handle_head),
-            Method("ledger.read", ReadParams, self.handle_read),
-            Method("ledger.list", ListParams, self.handle_list),
+            Method(api.APPEND, AppendParams, self.handle_append),
+            Method(api.APPEND_LARGE, AppendLargeParams, self.handle_append_large),
+            Method(api.HEAD, HeadParams, self.handle_head),
+            Method(api.READ, ReadParams, self.handle_read),
+            Method(api.LIST, ListParams, self.handle_list),
         ]
 
     async def close(self) -> None:
@@ -317,7 +318,7 @@ class LedgerCapability:
             params.prev_hash,
             params.size,
             params.sha256,
-            ctx.receive("data"),
+            ctx.receive(api.DATA_STREAM),
             params.hash,
         )
         return _wire(head)
@@ -330,10 +331,10 @@ class LedgerCapability:
         """``ledger.read``: records on stream ``"entries"``, then the stream's end."""
 
         async def send(data: bytes) -> None:
-            await ctx.send("entries", data)
+            await ctx.send(api.ENTRIES_STREAM, data)
 
         outcome = await self.store.read(params.session, params.from_seq, params.limit, send)
-        await ctx.send("entries", b"", end=True)
+        await ctx.send(api.ENTRIES_STREAM, b"", end=True)
         return ReadResult(last_seq=outcome.last_seq, count=outcome.count, head=_wire(outcome.head))
 
     async def handle_list(self, params: ListParams, ctx: CallContext) -> ListResult:

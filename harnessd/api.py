@@ -8,12 +8,22 @@ flow-controlled chunks, so neither side holds more than a window at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import os
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from harnessd.client import CallHandle, Client, open_connection
+from harnessd.errors import ProtocolViolation, RemoteError
 from protocol import limits
-from protocol.api import shell
+from protocol.api import files, ledger, shell
+from protocol.api import watch as watch_api
 from protocol.api.core import CloseParams, CloseReport, EchoParams, ServerInfo
+
+#: Block size for uploads from local files.
+UPLOAD_BLOCK = 1024 * 1024
 
 
 class ExecdClient(Client):
@@ -144,6 +154,353 @@ class ExecdClient(Client):
         """Replay a detached command's retained output, then follow it live."""
         params = shell.AttachParams(command_id=command_id, follow=follow)
         return RunningCommand(self, self.start(shell.ATTACH, params))
+
+    # -- files -----------------------------------------------------------------
+
+    async def read_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        """The bytes of a workspace file (whole, or a range); large files arrive streamed."""
+        chunks: list[bytes] = []
+        async for data in self.iter_file(path, offset=offset, length=length, max_bytes=max_bytes):
+            chunks.append(data)
+        return b"".join(chunks)
+
+    async def iter_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        max_bytes: int | None = None,
+    ) -> AsyncIterator[bytes]:
+        """Yield a workspace file's bytes block by block, with bounded memory."""
+        params = files.ReadParams(
+            path=path, offset=offset, length=length, max_bytes=max_bytes, stream=True
+        )
+        handle = self.start(files.READ, params)
+        digest = hashlib.sha256()
+        received = 0
+        try:
+            async for data in handle.stream(files.DATA_STREAM):
+                digest.update(data)
+                received += len(data)
+                yield data
+            result = await handle.result(files.ReadResult)
+        finally:
+            if not handle.done:
+                handle.cancel()
+        if result.data:
+            digest.update(result.data)
+            received += len(result.data)
+            yield result.data
+        if received != result.bytes_sent or digest.hexdigest() != result.sha256:
+            raise ProtocolViolation(f"files.read of {path!r}: content does not match its sha256")
+
+    async def download(self, path: str, local_path: str) -> int:
+        """Copy a workspace file to ``local_path`` on this machine; return its size."""
+        size = 0
+        out = await asyncio.to_thread(open, local_path, "wb")
+        try:
+            async for data in self.iter_file(path):
+                await asyncio.to_thread(out.write, data)
+                size += len(data)
+        finally:
+            await asyncio.to_thread(out.close)
+        return size
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        mode: int | None = None,
+        create_parents: bool = False,
+        atomic: bool = True,
+        append: bool = False,
+    ) -> files.WriteResult:
+        """Write ``data`` to a workspace file (atomically by default); big data is streamed."""
+        if len(data) <= self.inline_limit:
+            params = files.WriteParams(
+                path=path,
+                data=data,
+                mode=mode,
+                create_parents=create_parents,
+                atomic=atomic and not append,
+                append=append,
+            )
+            return await self.call(files.WRITE, params, files.WriteResult)
+
+        async def blocks() -> AsyncIterator[bytes]:
+            yield data
+
+        return await self.write_stream(
+            path,
+            blocks(),
+            size=len(data),
+            mode=mode,
+            create_parents=create_parents,
+            atomic=atomic,
+            append=append,
+        )
+
+    async def write_stream(
+        self,
+        path: str,
+        blocks: AsyncIterator[bytes],
+        *,
+        size: int | None = None,
+        mode: int | None = None,
+        create_parents: bool = False,
+        atomic: bool = True,
+        append: bool = False,
+    ) -> files.WriteResult:
+        """Write a workspace file from an async iterator of blocks (flow-controlled)."""
+        params = files.WriteParams(
+            path=path,
+            stream=True,
+            mode=mode,
+            create_parents=create_parents,
+            atomic=atomic and not append,
+            append=append,
+            expected_size=size,
+        )
+        handle = self.start(files.WRITE, params)
+        try:
+            async for block in blocks:
+                if handle.done:
+                    break
+                await handle.send(files.DATA_STREAM, block)
+            if not handle.done:
+                await handle.send(files.DATA_STREAM, b"", end=True)
+        except BaseException:
+            handle.cancel()
+            raise
+        return await handle.result(files.WriteResult)
+
+    async def upload(
+        self, local_path: str, path: str, *, mode: int | None = None
+    ) -> files.WriteResult:
+        """Copy a local file into the workspace with bounded memory."""
+        size = (await asyncio.to_thread(os.stat, local_path)).st_size
+
+        async def blocks() -> AsyncIterator[bytes]:
+            src = await asyncio.to_thread(open, local_path, "rb")
+            try:
+                while block := await asyncio.to_thread(src.read, UPLOAD_BLOCK):
+                    yield block
+            finally:
+                await asyncio.to_thread(src.close)
+
+        return await self.write_stream(path, blocks(), size=size, mode=mode)
+
+    async def stat(self, path: str, *, follow_symlinks: bool = True) -> files.StatResult:
+        """Type, size, mode, times and owner of a workspace path."""
+        params = files.StatParams(path=path, follow_symlinks=follow_symlinks)
+        return await self.call(files.STAT, params, files.StatResult)
+
+    async def list_dir(
+        self,
+        path: str,
+        *,
+        recursive: bool = False,
+        limit: int | None = None,
+        include_hidden: bool = True,
+    ) -> files.ListResult:
+        """Entries of a workspace directory (optionally recursive, bounded by ``limit``)."""
+        params = files.ListParams(
+            path=path, recursive=recursive, limit=limit, include_hidden=include_hidden
+        )
+        return await self.call(files.LIST, params, files.ListResult)
+
+    async def mkdir(
+        self, path: str, *, parents: bool = True, exist_ok: bool = True, mode: int | None = None
+    ) -> files.MkdirResult:
+        """Create a workspace directory."""
+        params = files.MkdirParams(path=path, parents=parents, exist_ok=exist_ok, mode=mode)
+        return await self.call(files.MKDIR, params, files.MkdirResult)
+
+    async def remove(
+        self, path: str, *, recursive: bool = False, missing_ok: bool = False
+    ) -> files.RemoveResult:
+        """Remove a workspace file or directory."""
+        params = files.RemoveParams(path=path, recursive=recursive, missing_ok=missing_ok)
+        return await self.call(files.REMOVE, params, files.RemoveResult)
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = True) -> files.MoveResult:
+        """Rename (or copy across filesystems) a workspace path."""
+        params = files.MoveParams(src=src, dst=dst, overwrite=overwrite)
+        return await self.call(files.MOVE, params, files.MoveResult)
+
+    async def chmod(self, path: str, mode: int) -> files.ChmodResult:
+        """Change a workspace path's mode."""
+        return await self.call(
+            files.CHMOD, files.ChmodParams(path=path, mode=mode), files.ChmodResult
+        )
+
+    async def sha256(self, path: str) -> files.Sha256Result:
+        """SHA-256 of a workspace file, computed in the workspace."""
+        return await self.call(files.SHA256, files.Sha256Params(path=path), files.Sha256Result)
+
+    # -- watches ---------------------------------------------------------------
+
+    async def watch(
+        self,
+        path: str,
+        *,
+        recursive: bool = False,
+        events: list[str] | None = None,
+        debounce: float = 0.0,
+        follow: bool = True,
+    ) -> PathWatch:
+        """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
+        params = watch_api.SubscribeParams(
+            path=path,
+            recursive=recursive,
+            events=events,  # type: ignore[arg-type]
+            debounce=debounce,
+            follow=follow,
+        )
+        result = await self.call(watch_api.SUBSCRIBE, params, watch_api.SubscribeResult)
+        return PathWatch(self, result)
+
+    async def wait_for_path(
+        self, path: str, *, condition: str = "exists", timeout: float = 30.0
+    ) -> watch_api.WaitForPathResult:
+        """Block until ``path`` meets ``condition`` (exists, absent, file, dir, nonempty)."""
+        params = watch_api.WaitForPathParams(
+            path=path,
+            condition=condition,  # type: ignore[arg-type]
+            timeout=timeout,
+        )
+        return await self.call(watch_api.WAIT_FOR_PATH, params, watch_api.WaitForPathResult)
+
+    # -- ledger ----------------------------------------------------------------
+
+    async def ledger_head(self, session: str) -> ledger.LedgerHead:
+        """execd's head of a session ledger (seq 0 for a new one)."""
+        return await self.call(ledger.HEAD, ledger.HeadParams(session=session), ledger.LedgerHead)
+
+    async def ledger_append(
+        self,
+        session: str,
+        first_seq: int,
+        prev_hash: bytes,
+        entries: list[bytes],
+        hashes: list[bytes] | None = None,
+    ) -> ledger.LedgerHead:
+        """Append a batch; LedgerConflict (with execd's head in ``data``) when it does not follow."""
+        params = ledger.AppendParams(
+            session=session,
+            first_seq=first_seq,
+            prev_hash=prev_hash,
+            entries=entries,
+            hashes=hashes,
+        )
+        return await self.call(ledger.APPEND, params, ledger.LedgerHead)
+
+    async def ledger_append_large(
+        self, session: str, seq: int, prev_hash: bytes, payload: bytes
+    ) -> ledger.LedgerHead:
+        """Append one entry too large for a frame, streamed in chunks."""
+        params = ledger.AppendLargeParams(
+            session=session,
+            seq=seq,
+            prev_hash=prev_hash,
+            size=len(payload),
+            sha256=hashlib.sha256(payload).digest(),
+        )
+        handle = self.start(ledger.APPEND_LARGE, params)
+        try:
+            await handle.send(ledger.DATA_STREAM, payload, end=True)
+        except BaseException:
+            handle.cancel()
+            raise
+        return await handle.result(ledger.LedgerHead)
+
+    async def ledger_read(
+        self,
+        session: str,
+        from_seq: int = 1,
+        *,
+        limit: int | None = None,
+        prev_hash: bytes | None = None,
+    ) -> list[ledger.LedgerRecord]:
+        """Entries from ``from_seq``; with ``prev_hash`` the chain is verified as they arrive."""
+        handle = self.start(
+            ledger.READ, ledger.ReadParams(session=session, from_seq=from_seq, limit=limit)
+        )
+        decoder = ledger.RecordDecoder(from_seq, prev_hash)
+        records: list[ledger.LedgerRecord] = []
+        try:
+            async for data in handle.stream(ledger.ENTRIES_STREAM):
+                records.extend(decoder.feed(data))
+            decoder.close()
+        except ledger.RecordFormatError as exc:
+            handle.cancel()
+            raise ProtocolViolation(f"ledger stream is invalid: {exc}") from None
+        result = await handle.result(ledger.ReadResult)
+        if result.count != len(records):
+            raise ProtocolViolation("ledger.read sent a different number of entries than it said")
+        return records
+
+    async def ledger_sessions(self) -> ledger.ListResult:
+        """Every session ledger execd keeps, with heads."""
+        return await self.call(ledger.LIST, ledger.ListParams(), ledger.ListResult)
+
+    @property
+    def inline_limit(self) -> int:
+        """Largest payload sent inline in one call; bigger ones are streamed."""
+        return max(4096, self.info.peer_max_frame // 2)
+
+
+class PathWatch:
+    """A live subscription: iterate ``(kind, event)`` pairs until it ends."""
+
+    def __init__(self, client: ExecdClient, result: watch_api.SubscribeResult) -> None:
+        self._client = client
+        self.watch_id = result.watch_id
+        self.result = result
+        self._queue = client.subscribe(result.watch_id)
+        self.ended = False
+
+    async def next(self, timeout: float | None = None) -> tuple[str, watch_api.WatchEvent]:
+        """The next event; raises TimeoutError, or StopAsyncIteration once ended."""
+        if self.ended:
+            raise StopAsyncIteration
+        async with asyncio.timeout(timeout):
+            event = await self._queue.get()
+        if event is None:
+            self.ended = True
+            raise StopAsyncIteration
+        data = msgspec.msgpack.decode(event.data, type=watch_api.WatchEvent)
+        if event.name == "ended":
+            self.ended = True
+            self._client.unsubscribe(self.watch_id)
+        return event.name, data
+
+    def __aiter__(self) -> PathWatch:
+        return self
+
+    async def __anext__(self) -> tuple[str, watch_api.WatchEvent]:
+        return await self.next()
+
+    async def close(self) -> None:
+        """Unsubscribe (idempotent)."""
+        if self.ended or self._client.closed:
+            self._client.unsubscribe(self.watch_id)
+            return
+        with contextlib.suppress(RemoteError):
+            await self._client.call(
+                watch_api.UNSUBSCRIBE, watch_api.UnsubscribeParams(watch_id=self.watch_id)
+            )
+        self._client.unsubscribe(self.watch_id)
+        self.ended = True
 
 
 class RunningCommand:

@@ -19,6 +19,7 @@ message); execd's final answer to it is then discarded.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -45,6 +46,8 @@ from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
 T = TypeVar("T")
 
 _EMPTY_PARAMS = msgspec.Raw(b"\x80")
+#: Events kept for topics nobody has subscribed to yet (oldest topics dropped first).
+MAX_EARLY_EVENTS = 4096
 
 
 class ClientProtocol(FramedProtocol):
@@ -57,6 +60,9 @@ class ClientProtocol(FramedProtocol):
         self.ready: asyncio.Future[HandshakeComplete] = loop.create_future()
         self.pending: dict[int, asyncio.Future[Reply | Error]] = {}
         self.subscriptions: dict[int, asyncio.Queue[Event | None]] = {}
+        # Events may arrive before the reply that names their topic; keep a few.
+        self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
+        self.early_count = 0
         self.last_received = time.monotonic()
         self.lost: BaseException | None = None
 
@@ -74,6 +80,8 @@ class ClientProtocol(FramedProtocol):
             queue = self.subscriptions.get(event.topic)
             if queue is not None:
                 queue.put_nowait(event)
+            else:
+                self._keep_early(event)
         elif isinstance(event, HandshakeComplete):
             if not self.ready.done():
                 self.ready.set_result(event)
@@ -93,6 +101,19 @@ class ClientProtocol(FramedProtocol):
             self.abort(reason)
         elif isinstance(event, Pong):
             pass
+
+    def _keep_early(self, event: Event) -> None:
+        self.early_events.setdefault(event.topic, []).append(event)
+        self.early_count += 1
+        while self.early_count > MAX_EARLY_EVENTS:
+            _, dropped = self.early_events.popitem(last=False)
+            self.early_count -= len(dropped)
+
+    def take_early(self, topic: int) -> list[Event]:
+        """Events for ``topic`` that arrived before anyone subscribed to it."""
+        events = self.early_events.pop(topic, [])
+        self.early_count -= len(events)
+        return events
 
     def handle_closed(self, reason: BaseException | None) -> None:
         if isinstance(reason, ProtocolError):
@@ -215,6 +236,8 @@ class Client:
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        for event in self._proto.take_early(topic):
+            queue.put_nowait(event)
         self._proto.subscriptions[topic] = queue
         if self._proto.closed:
             queue.put_nowait(None)

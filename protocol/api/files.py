@@ -30,6 +30,16 @@ MAX_LIST_LIMIT: Final = 10_000_000
 """Schema bound of ``files.list``'s ``limit``; the daemon clamps it further."""
 
 DATA_STREAM: Final = "data"
+
+READ: Final = "files.read"
+WRITE: Final = "files.write"
+STAT: Final = "files.stat"
+LIST: Final = "files.list"
+MKDIR: Final = "files.mkdir"
+REMOVE: Final = "files.remove"
+MOVE: Final = "files.move"
+CHMOD: Final = "files.chmod"
+SHA256: Final = "files.sha256"
 """Name of the stream that carries file content in both directions."""
 
 PathStr = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
@@ -270,14 +280,14 @@ class Sha256Result(_Message):
 
 
 METHODS: Final[dict[str, tuple[type[_Message], type[_Message]]]] = {
-    "files.read": (ReadParams, ReadResult),
-    "files.write": (WriteParams, WriteResult),
-    "files.stat": (StatParams, StatResult),
-    "files.list": (ListParams, ListResult),
-    "files.mkdir": (MkdirParams, MkdirResult),
-    "files.remove": (RemoveParams, RemoveResult),
-    "files.move": (MoveParams, MoveResult),
-    "files.chmod": (ChmodParams, ChmodResult),
-    "files.sha256": (Sha256Params, Sha256Result),
+    READ: (ReadParams, ReadResult),
+    WRITE: (WriteParams, WriteResult),
+    STAT: (StatParams, StatResult),
+    LIST: (ListParams, ListResult),
+    MKDIR: (MkdirParams, MkdirResult),
+    REMOVE: (RemoveParams, RemoveResult),
+    MOVE: (MoveParams, MoveResult),
+    CHMOD: (ChmodParams, ChmodResult),
+    SHA256: (Sha256Params, Sha256Result),
 }
 """Every ``files.*`` method name with its params and result types."""

@@ -86,6 +86,17 @@ MAX_BATCH_ENTRIES = 65_536
 MAX_ENTRY_SIZE = 1 << 32
 """The largest entry ``ledger.append_large`` accepts (4 GiB)."""
 
+APPEND = "ledger.append"
+APPEND_LARGE = "ledger.append_large"
+HEAD = "ledger.head"
+READ = "ledger.read"
+LIST = "ledger.list"
+
+DATA_STREAM = "data"
+"""Client stream carrying an ``append_large`` payload."""
+ENTRIES_STREAM = "entries"
+"""Server stream carrying ``read`` records."""
+
 RECORD_HEADER = struct.Struct(">QQ32s")
 """Record header: payload length, seq, entry hash."""
 
