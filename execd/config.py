@@ -19,7 +19,7 @@ class Limits:
     max_inflight_calls: int = 1024
     max_processes: int = 512
     max_frame: int = 16 * 1024 * 1024
-    stream_window: int = 1024 * 1024
+    stream_window: int = 4 * 1024 * 1024
     output_cap: int = 8 * 1024 * 1024
     detached_ring: int = 1024 * 1024
     detached_retention: float = 3600.0

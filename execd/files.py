@@ -134,6 +134,9 @@ class FilesCapability:
     def __init__(self, config: Config) -> None:
         self._config = config
 
+    async def close(self) -> None:
+        """Nothing to release: every call cleans up after itself."""
+
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return [
@@ -182,7 +185,7 @@ class FilesCapability:
             )
         inline_limit = max(ctx.max_chunk - REPLY_OVERHEAD, 0)
         streaming = params.stream or expected > inline_limit
-        hasher = hashlib.sha256()
+        hasher = hashlib.sha256() if params.checksum else None
         held: list[bytes] = []
         total = 0
         position = params.offset
@@ -219,7 +222,7 @@ class FilesCapability:
         return ReadResult(
             size=size,
             bytes_sent=total,
-            sha256=hasher.hexdigest(),
+            sha256=hasher.hexdigest() if hasher is not None else None,
             data=None if streaming else b"".join(held),
             streamed=streaming,
             eof=hit_eof or (size > 0 and position >= size),
@@ -255,6 +258,7 @@ class FilesCapability:
             append=params.append,
             mode=params.mode,
             create_parents=params.create_parents,
+            checksum=params.checksum,
         )
         committed = False
         try:
@@ -280,7 +284,7 @@ class FilesCapability:
         finally:
             if not committed:
                 sink.abort()
-        return WriteResult(size=sink.size, sha256=sink.hexdigest())
+        return WriteResult(size=sink.size, sha256=sink.hexdigest() if params.checksum else None)
 
     async def _write_stream(
         self, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext

@@ -109,10 +109,11 @@ def open_for_read(path: str) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def read_block(fd: int, size: int, offset: int, hasher: hashlib._Hash) -> bytes:
-    """Read up to ``size`` bytes at ``offset`` and feed them to ``hasher``."""
+def read_block(fd: int, size: int, offset: int, hasher: hashlib._Hash | None) -> bytes:
+    """Read up to ``size`` bytes at ``offset`` and feed them to ``hasher`` if given."""
     data = os.pread(fd, size, offset)
-    hasher.update(data)
+    if hasher is not None:
+        hasher.update(data)
     return data
 
 
@@ -192,6 +193,7 @@ class FileSink:
         append: bool,
         mode: int | None,
         create_parents: bool,
+        checksum: bool = True,
     ) -> None:
         self._path = path
         self._atomic = atomic
@@ -203,7 +205,7 @@ class FileSink:
         self._target = path
         self._final_mode: int | None = mode
         self._owner: tuple[int, int] | None = None
-        self._hasher = hashlib.sha256()
+        self._hasher = hashlib.sha256() if checksum else None
         self._size = 0
 
     @property
@@ -213,7 +215,7 @@ class FileSink:
 
     def hexdigest(self) -> str:
         """SHA-256 (hex) of the bytes written so far."""
-        return self._hasher.hexdigest()
+        return self._hasher.hexdigest() if self._hasher is not None else ""
 
     def open(self) -> None:
         """Prepare the destination (see the class description)."""
@@ -269,7 +271,8 @@ class FileSink:
             if written <= 0:
                 raise _error(errno.EIO, self._path)
             view = view[written:]
-        self._hasher.update(data)
+        if self._hasher is not None:
+            self._hasher.update(data)
         self._size += len(data)
 
     def commit(self) -> None:

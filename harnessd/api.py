@@ -164,10 +164,13 @@ class ExecdClient(Client):
         offset: int = 0,
         length: int | None = None,
         max_bytes: int | None = None,
+        checksum: bool = False,
     ) -> bytes:
         """The bytes of a workspace file (whole, or a range); large files arrive streamed."""
         chunks: list[bytes] = []
-        async for data in self.iter_file(path, offset=offset, length=length, max_bytes=max_bytes):
+        async for data in self.iter_file(
+            path, offset=offset, length=length, max_bytes=max_bytes, checksum=checksum
+        ):
             chunks.append(data)
         return b"".join(chunks)
 
@@ -178,17 +181,28 @@ class ExecdClient(Client):
         offset: int = 0,
         length: int | None = None,
         max_bytes: int | None = None,
+        checksum: bool = False,
     ) -> AsyncIterator[bytes]:
-        """Yield a workspace file's bytes block by block, with bounded memory."""
+        """Yield a workspace file's bytes block by block, with bounded memory.
+
+        With ``checksum`` both sides hash the content and a mismatch raises
+        ProtocolViolation (it costs a SHA-256 pass on each side).
+        """
         params = files.ReadParams(
-            path=path, offset=offset, length=length, max_bytes=max_bytes, stream=True
+            path=path,
+            offset=offset,
+            length=length,
+            max_bytes=max_bytes,
+            stream=True,
+            checksum=checksum,
         )
         handle = self.start(files.READ, params)
-        digest = hashlib.sha256()
+        digest = hashlib.sha256() if checksum else None
         received = 0
         try:
             async for data in handle.stream(files.DATA_STREAM):
-                digest.update(data)
+                if digest is not None:
+                    digest.update(data)
                 received += len(data)
                 yield data
             result = await handle.result(files.ReadResult)
@@ -196,10 +210,15 @@ class ExecdClient(Client):
             if not handle.done:
                 handle.cancel()
         if result.data:
-            digest.update(result.data)
+            if digest is not None:
+                digest.update(result.data)
             received += len(result.data)
             yield result.data
-        if received != result.bytes_sent or digest.hexdigest() != result.sha256:
+        if received != result.bytes_sent:
+            raise ProtocolViolation(
+                f"files.read of {path!r}: got {received} bytes, execd sent {result.bytes_sent}"
+            )
+        if digest is not None and digest.hexdigest() != result.sha256:
             raise ProtocolViolation(f"files.read of {path!r}: content does not match its sha256")
 
     async def download(self, path: str, local_path: str) -> int:

@@ -24,7 +24,9 @@ _NONCE: Final = struct.Struct(">4xQ")
 class _Aead(Protocol):
     def encrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes: ...
 
-    def decrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes: ...
+    def decrypt(
+        self, nonce: bytes, data: bytes | bytearray, associated_data: bytes | None
+    ) -> bytes: ...
 
 
 def _make(cipher: str, key: bytes) -> _Aead:
@@ -60,7 +62,7 @@ class FrameOpener:
         self._aead = _make(cipher, key)
         self._counter = 0
 
-    def open(self, header: bytes, sealed: bytes) -> bytes:
+    def open(self, header: bytes, sealed: bytes | bytearray) -> bytes:
         """The plaintext of ``sealed``; raises DecryptionFailed when it does not verify."""
         if len(sealed) < limits.AEAD_TAG_SIZE:
             raise DecryptionFailed("encrypted frame shorter than its tag")

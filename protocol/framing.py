@@ -28,35 +28,54 @@ from protocol.errors import FrameTooLarge, LocalProtocolError
 
 _HEADER: Final = struct.Struct(">I")
 _COMPACT_AT: Final = 256 * 1024
+_PREALLOCATE_AT: Final = 64 * 1024
 
 
 class FrameReader:
     """Incremental frame splitter with a cap enforced from the header alone."""
 
-    __slots__ = ("_buf", "_pos", "max_frame")
+    __slots__ = ("_body", "_buf", "_filled", "_pos", "max_frame")
 
     def __init__(self, max_frame: int) -> None:
         self._buf = bytearray()
         self._pos = 0
+        self._body: bytearray | None = None
+        self._filled = 0
         self.max_frame = max_frame
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as frames."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._filled
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes; call :meth:`next_frame` until it returns None."""
+        body = self._body
+        if body is not None:
+            # A large body is being filled in place: copy straight into it.
+            take = min(len(body) - self._filled, len(data))
+            body[self._filled : self._filled + take] = data[:take] if take < len(data) else data
+            self._filled += take
+            if take == len(data):
+                return
+            data = memoryview(data)[take:]
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
         self._buf += data
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | bytearray | None:
         """The next complete body, or None when more bytes are needed.
 
         Raises FrameTooLarge as soon as a header over the cap is seen.
         """
+        body = self._body
+        if body is not None:
+            if self._filled < len(body):
+                return None
+            self._body = None
+            self._filled = 0
+            return body
         buf = self._buf
         pos = self._pos
         available = len(buf) - pos
@@ -68,13 +87,26 @@ class FrameReader:
             raise FrameTooLarge(
                 f"frame of {length} bytes exceeds the cap of {self.max_frame} bytes"
             )
-        end = pos + limits.HEADER_SIZE + length
+        start = pos + limits.HEADER_SIZE
+        end = start + length
         if len(buf) < end:
+            if length >= _PREALLOCATE_AT:
+                # Allocate the whole body once and fill it as bytes arrive,
+                # instead of growing the buffer (and copying it) many times.
+                have = len(buf) - start
+                body = bytearray(length)
+                body[:have] = memoryview(buf)[start:]
+                self._body = body
+                self._filled = have
+                buf.clear()
+                self._pos = 0
+                return None
             self._maybe_compact()
             return None
-        body = bytes(buf[pos + limits.HEADER_SIZE : end])
+        with memoryview(buf) as view:
+            frame = bytes(view[start:end])
         self._pos = end
-        return body
+        return frame
 
     def _maybe_compact(self) -> None:
         if self._pos >= _COMPACT_AT or (self._pos and self._pos * 2 >= len(self._buf)):

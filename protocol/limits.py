@@ -22,7 +22,7 @@ MAX_MAX_FRAME = 1024 * 1024 * 1024
 PREAUTH_MAX_FRAME = 4 * 1024
 
 #: Default per-stream window: stream bytes a receiver accepts before granting credit.
-DEFAULT_STREAM_WINDOW = 1024 * 1024
+DEFAULT_STREAM_WINDOW = 4 * 1024 * 1024
 #: Smallest and largest window a peer may announce.
 MIN_STREAM_WINDOW = 4 * 1024
 MAX_STREAM_WINDOW = 1024 * 1024 * 1024

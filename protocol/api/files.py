@@ -63,6 +63,9 @@ class ReadParams(_Message):
     ``max_bytes`` guards the caller: when the requested range holds more bytes
     the call fails with TOO_LARGE and ``data = {"size": ...}``. ``stream``
     forces the content onto the ``data`` stream even when it would fit inline.
+    ``checksum`` asks for the SHA-256 of the bytes sent (it costs a pass over
+    them on both sides, so it is off by default: TCP and the optional AEAD
+    already protect the transfer).
     """
 
     path: PathStr
@@ -70,20 +73,21 @@ class ReadParams(_Message):
     length: Size | None = None
     max_bytes: Size | None = None
     stream: bool = False
+    checksum: bool = False
 
 
 class ReadResult(_Message):
     """Outcome of ``files.read``.
 
     ``size`` is the file's size when it was opened; ``bytes_sent`` and
-    ``sha256`` describe exactly the bytes delivered, inline in ``data`` or on
+    ``sha256`` (present when ``checksum`` was asked) describe exactly the bytes delivered, inline in ``data`` or on
     the ``data`` stream (``streamed``). ``eof`` tells whether the read reached
     the end of the file.
     """
 
     size: Size
     bytes_sent: Size
-    sha256: Digest
+    sha256: Digest | None = None
     data: bytes | None = None
     streamed: bool = False
     eof: bool = False
@@ -110,13 +114,14 @@ class WriteParams(_Message):
     atomic: bool = True
     append: bool = False
     expected_size: Size | None = None
+    checksum: bool = False
 
 
 class WriteResult(_Message):
-    """How many bytes were written and their SHA-256 (hex)."""
+    """How many bytes were written, and their SHA-256 (hex) when ``checksum`` was asked."""
 
     size: Size
-    sha256: Digest
+    sha256: Digest | None = None
 
 
 # -- files.stat ------------------------------------------------------------------

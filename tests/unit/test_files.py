@@ -243,7 +243,7 @@ def test_read_small_file_inline(tmp_path: Path) -> None:
     target = tmp_path / "small.txt"
     target.write_bytes(b"hello world")
     ctx = LocalContext()
-    result = run(CAP.read(ReadParams(path=str(target)), ctx))
+    result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
     assert result.data == b"hello world"
     assert (result.size, result.bytes_sent, result.streamed, result.eof) == (11, 11, False, True)
     assert result.sha256 == sha(b"hello world")
@@ -254,13 +254,13 @@ def test_read_range_and_past_end(tmp_path: Path) -> None:
     target = tmp_path / "range.bin"
     target.write_bytes(bytes(range(100)))
     ctx = LocalContext()
-    middle = run(CAP.read(ReadParams(path=str(target), offset=10, length=5), ctx))
+    middle = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=10, length=5), ctx))
     assert middle.data == bytes(range(10, 15))
     assert middle.sha256 == sha(bytes(range(10, 15)))
     assert not middle.eof
-    tail = run(CAP.read(ReadParams(path=str(target), offset=95, length=50), ctx))
+    tail = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=95, length=50), ctx))
     assert tail.data == bytes(range(95, 100)) and tail.eof
-    beyond = run(CAP.read(ReadParams(path=str(target), offset=1000), ctx))
+    beyond = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=1000), ctx))
     assert beyond.data == b"" and beyond.bytes_sent == 0 and beyond.eof
 
 
@@ -268,7 +268,7 @@ def test_read_stream_requested_for_small_file(tmp_path: Path) -> None:
     target = tmp_path / "s.txt"
     target.write_bytes(b"abc")
     ctx = LocalContext()
-    result = run(CAP.read(ReadParams(path=str(target), stream=True), ctx))
+    result = run(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
     assert result.streamed and result.data is None
     assert ctx.received("data") == b"abc"
     assert "data" in ctx.ended
@@ -280,25 +280,25 @@ def test_read_streams_when_content_exceeds_one_frame(tmp_path: Path) -> None:
     target = tmp_path / "mid.bin"
     target.write_bytes(content)
     ctx = LocalContext(max_chunk=64 * 1024)
-    result = run(CAP.read(ReadParams(path=str(target)), ctx))
+    result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
     assert result.streamed and result.data is None
     assert ctx.received("data") == content
     assert all(len(chunk) <= 64 * 1024 for chunk in ctx.sent["data"])
     assert result.sha256 == sha(content)
     # The same file fits inline when frames are large enough.
     big_ctx = LocalContext(max_chunk=1024 * 1024)
-    inline = run(CAP.read(ReadParams(path=str(target)), big_ctx))
+    inline = run(CAP.read(ReadParams(checksum=True, path=str(target)), big_ctx))
     assert inline.data == content and not big_ctx.sent
 
 
 def test_read_max_bytes(tmp_path: Path) -> None:
     target = tmp_path / "m.bin"
     target.write_bytes(b"x" * 1000)
-    error = fails(TooLarge, CAP.read(ReadParams(path=str(target), max_bytes=999), LocalContext()))
+    error = fails(TooLarge, CAP.read(ReadParams(checksum=True, path=str(target), max_bytes=999), LocalContext()))
     assert error.data["size"] == 1000
     assert error.code == ErrorCode.TOO_LARGE
     # A range within the guard is fine.
-    params = ReadParams(path=str(target), offset=500, length=100, max_bytes=100)
+    params = ReadParams(checksum=True, path=str(target), offset=500, length=100, max_bytes=100)
     assert run(CAP.read(params, LocalContext())).data == b"x" * 100
 
 
@@ -307,7 +307,7 @@ def test_read_64_mib_streamed_reassembles_exactly(tmp_path: Path) -> None:
     target = tmp_path / "big.bin"
     target.write_bytes(content)
     ctx = LocalContext(max_chunk=256 * 1024)
-    result = run(CAP.read(ReadParams(path=str(target), stream=True), ctx))
+    result = run(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
     received = ctx.received("data")
     assert len(received) == len(content) and received == content
     assert result.sha256 == sha(content) == sha(received)
@@ -324,7 +324,7 @@ def test_read_1_gib_with_bounded_memory(tmp_path: Path) -> None:
     ctx = CountingContext(max_chunk=256 * 1024)
     tracemalloc.start()
     try:
-        result = run(CAP.read(ReadParams(path=str(target)), ctx))
+        result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -342,7 +342,7 @@ def test_read_cancelled_while_waiting_for_credit_releases_the_file(tmp_path: Pat
     async def main() -> None:
         before = open_fds()
         ctx = StalledContext()
-        task = asyncio.create_task(CAP.read(ReadParams(path=str(target), stream=True), ctx))
+        task = asyncio.create_task(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
         await asyncio.wait_for(ctx.sending.wait(), 30)
         assert open_fds() == before + 1
         task.cancel()
@@ -354,12 +354,12 @@ def test_read_cancelled_while_waiting_for_credit_releases_the_file(tmp_path: Pat
 
 
 def test_read_pseudo_files_whose_size_says_zero() -> None:
-    small = run(CAP.read(ReadParams(path="/proc/self/status"), LocalContext()))
+    small = run(CAP.read(ReadParams(checksum=True, path="/proc/self/status"), LocalContext()))
     assert small.size == 0 and not small.streamed and small.eof
     assert small.data is not None and small.data.startswith(b"Name:")
     # Larger than one tiny frame: the inline read turns into a stream mid-way.
     ctx = LocalContext(max_chunk=2048)
-    big = run(CAP.read(ReadParams(path="/proc/self/smaps"), ctx))
+    big = run(CAP.read(ReadParams(checksum=True, path="/proc/self/smaps"), ctx))
     received = ctx.received("data")
     assert big.streamed and big.data is None and "data" in ctx.ended
     assert big.bytes_sent == len(received) > 2048
@@ -370,16 +370,16 @@ def test_read_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"x")
     os.mkfifo(tmp_path / "fifo")
     ctx = LocalContext()
-    missing = fails(NotFound, CAP.read(ReadParams(path=str(tmp_path / "nope")), ctx))
+    missing = fails(NotFound, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "nope")), ctx))
     assert missing.data["errno"] == "ENOENT"
     assert str(tmp_path / "nope") in missing.message
-    fails(IsADirectory, CAP.read(ReadParams(path=str(tmp_path)), ctx))
-    fails(NotADirectory, CAP.read(ReadParams(path=str(tmp_path / "file" / "x")), ctx))
-    fails(NotSupported, CAP.read(ReadParams(path=str(tmp_path / "fifo")), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(path=""), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(path=str(tmp_path / "a\x00b")), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(path="a" * 5000), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(path=str(tmp_path / ("n" * 300))), ctx))
+    fails(IsADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path)), ctx))
+    fails(NotADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "file" / "x")), ctx))
+    fails(NotSupported, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "fifo")), ctx))
+    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=""), ctx))
+    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "a\x00b")), ctx))
+    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path="a" * 5000), ctx))
+    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=str(tmp_path / ("n" * 300))), ctx))
 
 
 def _as_unprivileged_user(calls: list[Callable[[], Awaitable[Any]]]) -> list[str]:
@@ -419,8 +419,8 @@ def test_permission_denied() -> None:
     target = where / "private"
     target.write_bytes(b"secret")
     calls: list[Callable[[], Awaitable[Any]]] = [
-        lambda: CAP.read(ReadParams(path=str(target)), LocalContext()),
-        lambda: CAP.write(WriteParams(path=str(target), data=b"no"), LocalContext()),
+        lambda: CAP.read(ReadParams(checksum=True, path=str(target)), LocalContext()),
+        lambda: CAP.write(WriteParams(checksum=True, path=str(target), data=b"no"), LocalContext()),
         lambda: CAP.list(ListParams(path=str(where)), LocalContext()),
     ]
     try:
@@ -457,7 +457,7 @@ def test_write_over_immutable_target_fails_cleanly(tmp_path: Path) -> None:
         pytest.skip(f"this filesystem has no immutable attribute: {made.stderr!r}")
     try:
         # The rename over the target is refused after all data went to the temporary.
-        params = WriteParams(path=str(target), data=b"n" * (3 * MiB))
+        params = WriteParams(checksum=True, path=str(target), data=b"n" * (3 * MiB))
         error = fails(PermissionDenied, CAP.write(params, LocalContext()))
         assert error.data["errno"] == "EPERM"
         assert target.read_bytes() == b"old"
@@ -471,7 +471,7 @@ def test_write_over_immutable_target_fails_cleanly(tmp_path: Path) -> None:
 
 def test_write_new_file_inline(tmp_path: Path) -> None:
     target = tmp_path / "new.txt"
-    result = run(CAP.write(WriteParams(path=str(target), data=b"content"), LocalContext()))
+    result = run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"content"), LocalContext()))
     assert target.read_bytes() == b"content"
     assert (result.size, result.sha256) == (7, sha(b"content"))
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~current_umask()
@@ -482,13 +482,13 @@ def test_write_atomic_preserves_mode_unless_given(tmp_path: Path) -> None:
     target = tmp_path / "keep.sh"
     target.write_bytes(b"old")
     target.chmod(0o751)
-    run(CAP.write(WriteParams(path=str(target), data=b"new"), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"new"), LocalContext()))
     assert target.read_bytes() == b"new"
     assert stat.S_IMODE(target.stat().st_mode) == 0o751
-    run(CAP.write(WriteParams(path=str(target), data=b"newer", mode=0o600), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"newer", mode=0o600), LocalContext()))
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     fresh = tmp_path / "fresh"
-    run(CAP.write(WriteParams(path=str(fresh), data=b"", mode=0o640), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path=str(fresh), data=b"", mode=0o640), LocalContext()))
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o640 and fresh.read_bytes() == b""
     assert leftovers(tmp_path, {"keep.sh", "fresh"}) == set()
 
@@ -497,10 +497,10 @@ def test_write_atomic_replaces_inode_plain_write_keeps_it(tmp_path: Path) -> Non
     target = tmp_path / "inode"
     target.write_bytes(b"0123456789")
     before = target.stat().st_ino
-    run(CAP.write(WriteParams(path=str(target), data=b"ab"), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"ab"), LocalContext()))
     assert target.stat().st_ino != before and target.read_bytes() == b"ab"
     middle = target.stat().st_ino
-    params = WriteParams(path=str(target), data=b"x", atomic=False, mode=0o604)
+    params = WriteParams(checksum=True, path=str(target), data=b"x", atomic=False, mode=0o604)
     run(CAP.write(params, LocalContext()))
     assert target.stat().st_ino == middle and target.read_bytes() == b"x"
     assert stat.S_IMODE(target.stat().st_mode) == 0o604
@@ -509,13 +509,13 @@ def test_write_atomic_replaces_inode_plain_write_keeps_it(tmp_path: Path) -> Non
 def test_write_append(tmp_path: Path) -> None:
     target = tmp_path / "log"
     target.write_bytes(b"one\n")
-    params = WriteParams(path=str(target), data=b"two\n", append=True, atomic=False)
+    params = WriteParams(checksum=True, path=str(target), data=b"two\n", append=True, atomic=False)
     result = run(CAP.write(params, LocalContext()))
     assert target.read_bytes() == b"one\ntwo\n"
     assert (result.size, result.sha256) == (4, sha(b"two\n"))
     error = fails(
         InvalidParams,
-        CAP.write(WriteParams(path=str(target), data=b"x", append=True), LocalContext()),
+        CAP.write(WriteParams(checksum=True, path=str(target), data=b"x", append=True), LocalContext()),
     )
     assert "atomic" in error.message
     assert target.read_bytes() == b"one\ntwo\n"
@@ -523,9 +523,9 @@ def test_write_append(tmp_path: Path) -> None:
 
 def test_write_create_parents(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "c.txt"
-    fails(NotFound, CAP.write(WriteParams(path=str(target), data=b"x"), LocalContext()))
+    fails(NotFound, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x"), LocalContext()))
     assert not (tmp_path / "a").exists()
-    params = WriteParams(path=str(target), data=b"x", create_parents=True)
+    params = WriteParams(checksum=True, path=str(target), data=b"x", create_parents=True)
     run(CAP.write(params, LocalContext()))
     assert target.read_bytes() == b"x"
 
@@ -536,7 +536,7 @@ def test_write_through_symlink_updates_the_link_target(tmp_path: Path) -> None:
     real.chmod(0o640)
     link = tmp_path / "link.txt"
     link.symlink_to("real.txt")
-    run(CAP.write(WriteParams(path=str(link), data=b"new"), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path=str(link), data=b"new"), LocalContext()))
     assert link.is_symlink() and real.read_bytes() == b"new"
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
     assert leftovers(tmp_path, {"real.txt", "link.txt"}) == set()
@@ -546,17 +546,17 @@ def test_write_errors(tmp_path: Path) -> None:
     ctx = LocalContext()
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_bytes(b"f")
-    fails(IsADirectory, CAP.write(WriteParams(path=str(tmp_path / "dir"), data=b"x"), ctx))
-    plain = WriteParams(path=str(tmp_path / "dir"), data=b"x", atomic=False)
+    fails(IsADirectory, CAP.write(WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x"), ctx))
+    plain = WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x", atomic=False)
     fails(IsADirectory, CAP.write(plain, ctx))
     nested = str(tmp_path / "file" / "x")
-    fails(NotADirectory, CAP.write(WriteParams(path=nested, data=b"x"), ctx))
-    both = WriteParams(path=str(tmp_path / "w"), data=b"x", stream=True)
+    fails(NotADirectory, CAP.write(WriteParams(checksum=True, path=nested, data=b"x"), ctx))
+    both = WriteParams(checksum=True, path=str(tmp_path / "w"), data=b"x", stream=True)
     fails(InvalidParams, CAP.write(both, ctx))
-    fails(InvalidParams, CAP.write(WriteParams(path=str(tmp_path / "w")), ctx))
-    wrong_size = WriteParams(path=str(tmp_path / "w"), data=b"abc", expected_size=4)
+    fails(InvalidParams, CAP.write(WriteParams(checksum=True, path=str(tmp_path / "w")), ctx))
+    wrong_size = WriteParams(checksum=True, path=str(tmp_path / "w"), data=b"abc", expected_size=4)
     fails(InvalidParams, CAP.write(wrong_size, ctx))
-    fails(InvalidPath, CAP.write(WriteParams(path="", data=b"x"), ctx))
+    fails(InvalidPath, CAP.write(WriteParams(checksum=True, path="", data=b"x"), ctx))
     assert leftovers(tmp_path, {"dir", "file"}) == set()
     assert os.listdir(tmp_path / "dir") == []
 
@@ -575,7 +575,7 @@ def test_write_streamed_64_mib(tmp_path: Path) -> None:
     async def main() -> None:
         ctx = LocalContext()
         _feed(ctx, content, 64 * 1024)
-        params = WriteParams(path=str(target), stream=True, expected_size=len(content))
+        params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=len(content))
         result = await CAP.write(params, ctx)
         assert (result.size, result.sha256) == (len(content), sha(content))
 
@@ -592,7 +592,7 @@ def test_write_streamed_with_wrong_expected_size_keeps_target(tmp_path: Path) ->
     async def attempt(content: bytes, expected: int) -> ExecdError:
         ctx = LocalContext()
         _feed(ctx, content, 1000)
-        params = WriteParams(path=str(target), stream=True, expected_size=expected)
+        params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=expected)
         with pytest.raises(StreamError) as info:
             await CAP.write(params, ctx)
         return info.value
@@ -611,7 +611,7 @@ def test_write_failing_client_stream_leaves_target_intact(tmp_path: Path) -> Non
     target.chmod(0o640)
     ctx = FailingStreamContext([b"n" * (256 * 1024)] * 12)
     with pytest.raises(ConnectionLost):
-        run(CAP.write(WriteParams(path=str(target), stream=True), ctx))
+        run(CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx))
     assert target.read_bytes() == b"old content"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert leftovers(tmp_path, {"precious"}) == set()
@@ -624,7 +624,7 @@ def test_write_cancelled_midway_leaves_target_intact(tmp_path: Path) -> None:
     async def main() -> None:
         ctx = LocalContext()
         _feed(ctx, b"n" * (3 * MiB), 64 * 1024, end=False)
-        task = asyncio.create_task(CAP.write(WriteParams(path=str(target), stream=True), ctx))
+        task = asyncio.create_task(CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx))
         # Wait until the temporary file holds data, i.e. the write is truly under way.
         for _ in range(3000):
             temps = leftovers(tmp_path, {"precious"})
@@ -649,7 +649,7 @@ def test_write_no_space_leaves_no_torn_file() -> None:
         target = where / "target"
         target.write_bytes(b"old")
         ctx = LocalContext()
-        error = fails(NoSpace, CAP.write(WriteParams(path=str(target), data=b"x" * (2 * MiB)), ctx))
+        error = fails(NoSpace, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x" * (2 * MiB)), ctx))
         assert error.data["errno"] == "ENOSPC"
         assert str(target) in error.message
         assert target.read_bytes() == b"old"
@@ -658,7 +658,7 @@ def test_write_no_space_leaves_no_torn_file() -> None:
         async def streamed(expected: int | None) -> None:
             stream_ctx = LocalContext()
             _feed(stream_ctx, b"y" * (2 * MiB), 64 * 1024)
-            params = WriteParams(path=str(target), stream=True, expected_size=expected)
+            params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=expected)
             with pytest.raises(NoSpace):
                 await CAP.write(params, stream_ctx)
 
@@ -673,7 +673,7 @@ def test_write_no_space_leaves_no_torn_file() -> None:
 def test_write_read_only_filesystem() -> None:
     with tmpfs("1m", "ro") as where:
         target = str(where / "x")
-        fails(ReadOnly, CAP.write(WriteParams(path=target, data=b"x"), LocalContext()))
+        fails(ReadOnly, CAP.write(WriteParams(checksum=True, path=target, data=b"x"), LocalContext()))
         fails(ReadOnly, CAP.mkdir(MkdirParams(path=target), LocalContext()))
 
 
@@ -681,9 +681,9 @@ def test_relative_paths_resolve_against_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    run(CAP.write(WriteParams(path="rel.txt", data=b"here"), LocalContext()))
+    run(CAP.write(WriteParams(checksum=True, path="rel.txt", data=b"here"), LocalContext()))
     assert (tmp_path / "rel.txt").read_bytes() == b"here"
-    assert run(CAP.read(ReadParams(path="rel.txt"), LocalContext())).data == b"here"
+    assert run(CAP.read(ReadParams(checksum=True, path="rel.txt"), LocalContext())).data == b"here"
     run(CAP.mkdir(MkdirParams(path="sub/deeper"), LocalContext()))
     assert (tmp_path / "sub" / "deeper").is_dir()
 
@@ -998,3 +998,14 @@ def test_sha256(tmp_path: Path) -> None:
     assert (empty.sha256, empty.size) == (sha(b""), 0)
     fails(IsADirectory, CAP.sha256(Sha256Params(path=str(tmp_path)), ctx))
     fails(NotFound, CAP.sha256(Sha256Params(path=str(tmp_path / "nope")), ctx))
+
+
+def test_checksum_is_only_computed_on_request(tmp_path: Path) -> None:
+    target = tmp_path / "plain.txt"
+    target.write_bytes(b"abc")
+    result = run(CAP.read(ReadParams(path=str(target)), LocalContext()))
+    assert result.sha256 is None
+    assert result.data == b"abc"
+    written = run(CAP.write(WriteParams(path=str(target), data=b"xyz"), LocalContext()))
+    assert written.sha256 is None
+    assert target.read_bytes() == b"xyz"
