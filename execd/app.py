@@ -21,6 +21,7 @@ from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method
 from execd.server import Server
+from execd.spawn import Reaper
 from protocol import limits
 from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
 
@@ -139,6 +140,8 @@ class Execd:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(signum, self.server.stopping.set)
+        reaper = Reaper()
+        reaper.start()
         await self.server.start()
         announce(
             {
@@ -153,5 +156,7 @@ class Execd:
         await self.server.stopping.wait()
         await self.server.close()
         report = await self.cleanup()
+        reaper.reap()
+        reaper.stop()
         log.info("shut down: %d processes killed, %d left", report.killed, len(report.remaining))
         return 0 if not report.remaining else 1
