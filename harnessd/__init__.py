@@ -1,5 +1,16 @@
 """harnessd: the harness side: client library, launcher, agent loop and ledger sync."""
 
 from harnessd.api import ExecdClient, RunningCommand, connect
+from harnessd.launcher import Session, serve
+from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime
 
-__all__ = ["ExecdClient", "RunningCommand", "connect"]
+__all__ = [
+    "CommandPrefixRuntime",
+    "ExecdClient",
+    "LocalRuntime",
+    "Runtime",
+    "RunningCommand",
+    "Session",
+    "connect",
+    "serve",
+]

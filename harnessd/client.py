@@ -90,6 +90,10 @@ class ClientProtocol(FramedProtocol):
                 reason: BaseException = AuthenticationFailed(
                     "execd rejected the token (authentication failed)", event.code
                 )
+            elif event.code == ErrorCode.GOING_AWAY and self.ready.done():
+                reason = ConnectionLost(
+                    f"execd closed the connection: {event.message or 'going away'}"
+                )
             elif not self.ready.done():
                 reason = HandshakeFailed(
                     f"execd refused the handshake: {event.message}", event.code

@@ -77,12 +77,11 @@ _MARKER_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 # Runs as: sh -c SCRIPT execd-supervisor EXECD_ARGV...  Reports how execd ended
 # even when execd itself could not (crash, SIGKILL, command not found).
-_SUPERVISOR = """\
-"$@"
-status=$?
-printf '{"event": "exited", "code": %d, "source": "supervisor"}\\n' "$status"
-exit "$status"
-"""
+_SUPERVISOR = (
+    '"$@"; status=$?; '
+    """printf '{"event": "exited", "code": %d, "source": "supervisor"}\\n' "$status"; """
+    'exit "$status"'
+)
 
 
 def default_execd_command() -> list[str]:
@@ -261,7 +260,7 @@ class Session:
         rpc_error: str | None = None
         try:
             report = await self._close_remote()
-        except (HarnessError, TimeoutError, OSError) as exc:
+        except Exception as exc:
             rpc_error = f"{type(exc).__name__}: {exc}"
             log.warning("session.close failed (%s); falling back to execd cleanup", rpc_error)
         with contextlib.suppress(Exception):
@@ -274,8 +273,8 @@ class Session:
             try:
                 more, remaining = await self._fallback_cleanup()
                 killed += more
-            except HarnessError as exc:
-                fallback_error = str(exc)
+            except Exception as exc:
+                fallback_error = f"{type(exc).__name__}: {exc}"
                 log.error("execd cleanup failed: %s", exc)
         exit_code = await _await_exit(
             self.runtime, self.log_path, 10.0 if report is not None else 2.0
@@ -328,8 +327,8 @@ class Session:
                 return None
             doomed = [opts.token_path] if keep_log else [opts.token_path, self.log_path]
             result = await self.runtime.run(["rm", "-f", "--", *doomed], timeout=30.0)
-        except HarnessError as exc:
-            return str(exc)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
         if result.exit_code != 0:
             return f"rm failed: {result.stderr.decode('utf-8', 'replace').strip()[:500]}"
         return None
@@ -401,7 +400,14 @@ def serve(
 
     Raises :class:`~harnessd.errors.LaunchFailed` (message with execd's log
     tail, never the token) when execd cannot be started, dies during startup,
-    or cannot be reached.
+    or cannot be reached. After a failed launch the token file is gone and the
+    log stays in the working directory for inspection. A worker that started
+    but never announced within ``start_timeout`` cannot be stopped without a
+    PID; it exits on its own if it had not yet read the (removed) token file,
+    and ``lease`` bounds its life otherwise.
+
+    The result is awaitable (``session = await serve(...)``) and an async
+    context manager (``async with serve(...) as session:`` closes on exit).
     """
     rt: Runtime = runtime if runtime is not None else LocalRuntime()
     command = tuple(execd_command) if execd_command is not None else tuple(default_execd_command())
@@ -710,7 +716,7 @@ async def _await_exit(runtime: Runtime, log_path: str, limit: float) -> int | No
     deadline = loop.time() + limit
     delay = _POLL_FIRST
     while True:
-        with contextlib.suppress(WorkspaceError):
+        with contextlib.suppress(Exception):
             exited, _ = _scan(await runtime.read_file(log_path, max_bytes=MAX_LOG_READ))
             if exited is not None:
                 code = exited.get("code")

@@ -221,11 +221,18 @@ def _spawn_detached(argv: Sequence[str], log_path: str) -> None:
     threading.Thread(target=_reap, args=(proc,), name=f"reap-{proc.pid}", daemon=True).start()
 
 
+def _make_private_dirs(directory: str) -> None:
+    """``mkdir -p`` where every directory created gets mode 0700 (not only the last)."""
+    if not directory or os.path.isdir(directory):
+        return
+    _make_private_dirs(os.path.dirname(directory))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+
+
 def _write_new_file(path: str, data: bytes, mode: int, make_parents: bool) -> None:
     if make_parents:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+        _make_private_dirs(os.path.dirname(path))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     try:
