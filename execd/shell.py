@@ -1,0 +1,678 @@
+"""The ``shell`` capability: run commands, stream or collect output, detach them.
+
+Life of one command (:class:`_Command`)::
+
+    spawn ──► RUNNING ──exit──────────────────────────────► DRAINING ──► DONE
+                 │                                              ▲
+                 └─timeout / idle─► TERMINATING (SIGTERM, ──────┘
+                                    kill_grace, SIGKILL)
+
+* RUNNING: wait for the child's exit, the hard deadline (``timeout`` after
+  spawn) or the idle deadline (``idle_timeout`` after the latest output; a
+  stream blocked on the client's flow control does not count as idle).
+* TERMINATING: the whole process group gets SIGTERM (and SIGCONT), then
+  SIGKILL if anything in it outlives ``kill_grace``; ends when the child is
+  reaped.
+* DRAINING: output keeps flowing until both pipes reach EOF. If that takes
+  longer than ``drain_grace``, a pipe whose write ends are all closed is
+  still read to its end (the client is merely slow to take it); a pipe
+  something else still holds open is closed and the result says
+  ``pipes_held_open``.
+* DONE: every byte read has been delivered (streamed, or in the collected
+  buffers); the result is built.
+
+At any point, cancellation of the handler task or the close of the call's
+connection *aborts*: SIGTERM to the group right away, SIGKILL after
+``kill_grace`` in a background task the capability keeps (and awaits on
+:meth:`ShellCapability.close`).
+
+Detached commands run the same machine in a background task with their
+output going to bounded rings (:class:`~execd.output.ByteRing`) that
+``shell.attach`` replays and follows. A finished record is dropped when a
+client reads its final status (``status``, ``wait`` or a completed
+``attach``) or ``detached_retention`` seconds after it finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import shlex
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from execd import spawn as spawning
+from execd.config import Config
+from execd.context import CallContext, ConnectionLost, Method
+from execd.errors import (
+    AlreadyAttached,
+    AlreadyExited,
+    InvalidParams,
+    LimitExceeded,
+    NoSuchProcess,
+    ProcessLimit,
+    ShuttingDown,
+)
+from execd.output import ByteRing, HeadTailBuffer
+from protocol.api import shell as api
+
+log = logging.getLogger(__name__)
+
+_SHELL = "/bin/sh"
+_ATTACH_READ = 1024 * 1024
+_VALID_SIGNALS = frozenset(int(s) for s in signal.valid_signals()) | {0}
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    timeout: float | None
+    idle_timeout: float | None
+    drain_grace: float
+    kill_grace: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    status: int
+    duration: float
+    timed_out: bool
+    idle_out: bool
+    pipes_held_open: bool
+
+    def exit(self) -> tuple[int | None, int | None]:
+        return spawning.decode_status(self.status)
+
+
+Spawner = Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
+
+
+class _Command:
+    """One spawned command under supervision; see the module docstring."""
+
+    def __init__(
+        self,
+        child: spawning.Child,
+        opts: _Options,
+        background: Spawner,
+        *,
+        sinks: tuple[Callable[[bytes], None], Callable[[bytes], None]] | None,
+        stream_ctx: CallContext | None,
+    ) -> None:
+        self.child = child
+        self.opts = opts
+        self._background = background
+        self._ctx = stream_ctx
+        self._killer: asyncio.Task[None] | None = None
+        self._stdin_task: asyncio.Task[None] | None = None
+        self._sending = 0
+        self._sent_at = 0.0
+        self._send_error: BaseException | None = None
+        self._spawned_at = asyncio.get_running_loop().time()
+        if sinks is None:
+            self.readers = (
+                spawning.PipeReader(child.stdout),
+                spawning.PipeReader(child.stderr),
+            )
+            self._pumps: list[asyncio.Task[None]] = [
+                asyncio.ensure_future(self._pump(self.readers[0], api.STDOUT_STREAM)),
+                asyncio.ensure_future(self._pump(self.readers[1], api.STDERR_STREAM)),
+            ]
+        else:
+            self.readers = (
+                spawning.PipeReader(child.stdout, sink=sinks[0]),
+                spawning.PipeReader(child.stderr, sink=sinks[1]),
+            )
+            self._pumps = []
+
+    # -- stdin -----------------------------------------------------------------
+
+    def feed_stdin(self, data: bytes | None, ctx: CallContext | None) -> None:
+        """Start writing ``data``, or the client's stdin stream, to the child."""
+        fd = self.child.stdin
+        if fd is None:
+            return
+        if ctx is not None:
+            self._stdin_task = asyncio.ensure_future(self._feed_stream(ctx))
+            return
+        view = memoryview(data or b"")
+        try:
+            view = view[os.write(fd, view) :] if view else view
+        except BlockingIOError:
+            pass
+        except OSError:
+            view = view[:0]
+        if not view:
+            self.child.close_stdin()
+            return
+        self._stdin_task = asyncio.ensure_future(self._feed_bytes(view))
+
+    async def _feed_bytes(self, view: memoryview) -> None:
+        fd = self.child.stdin
+        try:
+            if fd is not None:
+                await spawning.write_all(fd, view)
+        finally:
+            self.child.close_stdin()
+
+    async def _feed_stream(self, ctx: CallContext) -> None:
+        try:
+            async for chunk in ctx.receive(api.STDIN_STREAM):
+                fd = self.child.stdin
+                if fd is None or not await spawning.write_all(fd, chunk):
+                    break
+        except (ConnectionLost, OSError) as exc:
+            log.debug("stdin stream of pid %d ended: %r", self.child.pid, exc)
+        finally:
+            self.child.close_stdin()
+
+    # -- output ----------------------------------------------------------------
+
+    async def _pump(self, reader: spawning.PipeReader, stream: str) -> None:
+        assert self._ctx is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            data = await reader.read()
+            if not data:
+                return
+            if self._send_error is not None:
+                continue
+            self._sending += 1
+            try:
+                await self._ctx.send(stream, data)
+            except Exception as exc:
+                # The client cannot take output any more: stop the command.
+                self._send_error = exc
+                self.abort()
+                for r in self.readers:
+                    r.close()
+            finally:
+                self._sending -= 1
+                self._sent_at = loop.time()
+
+    def _last_activity(self) -> float:
+        return max(self.readers[0].last_data, self.readers[1].last_data, self._sent_at)
+
+    # -- supervision -----------------------------------------------------------
+
+    async def supervise(self) -> _Outcome:
+        """Run the command to DONE (module docstring) and describe how it ended."""
+        reason = await self._wait_exit()
+        if reason is not None:
+            await self._terminate()
+        held = await self._drain()
+        if self._pumps:
+            await asyncio.gather(*self._pumps)
+            if self._send_error is not None:
+                raise self._send_error
+            assert self._ctx is not None
+            await self._ctx.send(api.STDOUT_STREAM, b"", end=True)
+            await self._ctx.send(api.STDERR_STREAM, b"", end=True)
+        child = self.child
+        return _Outcome(
+            status=child.exited.result(),
+            duration=max(0.0, child.ended - child.started),
+            timed_out=reason == "timeout",
+            idle_out=reason == "idle",
+            pipes_held_open=held,
+        )
+
+    async def _wait_exit(self) -> str | None:
+        exited = self.child.exited
+        timeout, idle = self.opts.timeout, self.opts.idle_timeout
+        if timeout is None and idle is None:
+            await self.child.wait()
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = self._spawned_at + timeout if timeout is not None else math.inf
+        while not exited.done():
+            now = loop.time()
+            if now >= deadline:
+                return "timeout"
+            wake = deadline
+            if idle is not None:
+                if self._sending:
+                    wake = min(wake, now + idle)
+                else:
+                    idle_at = self._last_activity() + idle
+                    if now >= idle_at:
+                        return "idle"
+                    wake = min(wake, idle_at)
+            await asyncio.wait({exited}, timeout=wake - now)
+        return None
+
+    async def _terminate(self) -> None:
+        self.abort()
+        if self._killer is not None:
+            await asyncio.shield(self._killer)
+        else:
+            await self.child.wait()
+
+    async def _drain(self) -> bool:
+        pending = [r for r in self.readers if not r.eof.done()]
+        if not pending:
+            return False
+        await asyncio.wait([r.eof for r in pending], timeout=self.opts.drain_grace)
+        held = False
+        for reader in pending:
+            if not reader.eof.done() and not reader.writer_gone():
+                held = True
+                reader.close()
+        rest = [r.eof for r in pending if not r.eof.done()]
+        if rest:
+            await asyncio.wait(rest)
+        return held
+
+    def abort(self) -> None:
+        """Stop the command: SIGTERM its group now, SIGKILL after the grace."""
+        if self._killer is None and self.child.running:
+            self._killer = self._background(
+                spawning.terminate_group(self.child, self.opts.kill_grace)
+            )
+
+    def cleanup(self) -> None:
+        """Release pipes and helper tasks (the process itself is not touched)."""
+        for task in (self._stdin_task, *self._pumps):
+            if task is not None and not task.done():
+                task.cancel()
+        for reader in self.readers:
+            reader.close()
+        self.child.close_stdin()
+
+
+@dataclass(eq=False)
+class _Detached:
+    """A detached command and what clients can learn about it."""
+
+    command_id: str
+    title: str
+    cwd: str | None
+    started: float
+    command: _Command
+    out: ByteRing
+    err: ByteRing
+    changed: asyncio.Event
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: _Outcome | None = None
+    finished: float | None = None
+    attached: bool = False
+    task: asyncio.Task[None] | None = None
+    expiry: asyncio.TimerHandle | None = None
+
+    def info(self) -> api.CommandInfo:
+        info = api.CommandInfo(
+            command_id=self.command_id,
+            pid=self.command.child.pid,
+            title=self.title,
+            state="running" if self.outcome is None else "exited",
+            started=self.started,
+            cwd=self.cwd,
+            stdout_bytes=self.out.total,
+            stderr_bytes=self.err.total,
+            attached=self.attached,
+        )
+        if self.outcome is not None:
+            info.exit_code, info.signal = self.outcome.exit()
+            info.finished = self.finished
+            info.duration = self.outcome.duration
+            info.timed_out = self.outcome.timed_out
+            info.idle_out = self.outcome.idle_out
+            info.pipes_held_open = self.outcome.pipes_held_open
+        return info
+
+
+def _title(argv: list[str]) -> str:
+    text = argv[2] if argv[:2] == [_SHELL, "-c"] and len(argv) == 3 else shlex.join(argv)
+    return text if len(text) <= api.MAX_TITLE else text[: api.MAX_TITLE - 1] + "…"
+
+
+class ShellCapability:
+    """``shell.*`` methods over one process-wide table of commands.
+
+    ``base_env`` is the environment every command starts from (it already
+    carries the marker variable named by ``config.marker_var``, which calls
+    may neither override nor unset).
+    """
+
+    def __init__(self, config: Config, base_env: dict[str, str]) -> None:
+        self._config = config
+        self._limits = config.limits
+        self._marker_var = config.marker_var
+        self._base_env = dict(base_env)
+        self._live = 0
+        self._calls: dict[tuple[int, int], _Command] = {}
+        self._hooked: set[int] = set()
+        self._detached: dict[str, _Detached] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- public ----------------------------------------------------------------
+
+    def methods(self) -> list[Method]:
+        """The dispatch table entries of this capability."""
+        return [
+            Method(api.RUN, api.RunParams, self.shell_run),
+            Method(api.SIGNAL, api.SignalParams, self.shell_signal),
+            Method(api.LIST, api.ListParams, self.shell_list),
+            Method(api.ATTACH, api.AttachParams, self.shell_attach),
+            Method(api.STATUS, api.StatusParams, self.shell_status),
+            Method(api.WAIT, api.WaitParams, self.shell_wait),
+        ]
+
+    @property
+    def live_processes(self) -> int:
+        """Commands spawned and not yet reaped."""
+        return self._live
+
+    def abort_connection(self, connection_id: int) -> int:
+        """Stop every non-detached command of a closed connection; returns how many."""
+        self._hooked.discard(connection_id)
+        doomed = [cmd for (conn, _), cmd in self._calls.items() if conn == connection_id]
+        for cmd in doomed:
+            cmd.abort()
+        return len(doomed)
+
+    async def close(self) -> None:
+        """Kill every command this capability started and forget them all."""
+        self._closed = True
+        for cmd in list(self._calls.values()):
+            cmd.abort()
+        for rec in self._detached.values():
+            rec.command.abort()
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        tasks = [rec.task for rec in self._detached.values() if rec.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for rec in self._detached.values():
+            if rec.expiry is not None:
+                rec.expiry.cancel()
+        self._detached.clear()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+        return task
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("shell background task failed", exc_info=task.exception())
+
+    def _argv(self, params: api.RunParams) -> list[str]:
+        if (params.argv is None) == (params.command is None):
+            raise InvalidParams("exactly one of argv and command is required")
+        if params.command is not None:
+            return [_SHELL, "-c", params.command]
+        assert params.argv is not None
+        if not params.argv[0]:
+            raise InvalidParams("argv[0] must not be empty")
+        return params.argv
+
+    def _env(self, params: api.RunParams) -> dict[str, str]:
+        if not params.env and not params.unset:
+            return self._base_env
+        env = dict(self._base_env)
+        marker = self._marker_var
+        for name in params.unset or ():
+            if name == marker:
+                raise InvalidParams(f"{marker} cannot be unset")
+            env.pop(name, None)
+        for name, value in (params.env or {}).items():
+            if name == marker:
+                raise InvalidParams(f"{marker} cannot be overridden")
+            if "=" in name or "\0" in name:
+                raise InvalidParams(f"invalid environment variable name: {name[:64]!r}")
+            if "\0" in value:
+                raise InvalidParams(f"environment variable {name[:64]} contains a NUL")
+            env[name] = value
+        return env
+
+    def _options(self, params: api.RunParams) -> _Options:
+        limits = self._limits
+        return _Options(
+            timeout=params.timeout,
+            idle_timeout=params.idle_timeout,
+            drain_grace=limits.drain_grace if params.drain_grace is None else params.drain_grace,
+            kill_grace=limits.kill_grace if params.kill_grace is None else params.kill_grace,
+        )
+
+    def _spawn(self, params: api.RunParams, argv: list[str]) -> spawning.Child:
+        if self._closed:
+            raise ShuttingDown("the shell capability is closed")
+        if self._live >= self._limits.max_processes:
+            raise ProcessLimit(
+                f"too many running commands (limit {self._limits.max_processes})",
+                {"limit": self._limits.max_processes},
+            )
+        env = self._env(params)
+        child = spawning.spawn(
+            argv,
+            env=env,
+            cwd=params.cwd,
+            stdin_pipe=params.stdin is not None or params.stdin_stream,
+        )
+        self._live += 1
+        child.exited.add_done_callback(self._reaped)
+        return child
+
+    def _reaped(self, _: asyncio.Future[int]) -> None:
+        self._live -= 1
+
+    def _hook_connection(self, ctx: CallContext) -> None:
+        conn = ctx.connection_id
+        if conn not in self._hooked:
+            self._hooked.add(conn)
+            ctx.on_close(lambda: self._on_connection_closed(conn))
+
+    def _on_connection_closed(self, connection_id: int) -> None:
+        self.abort_connection(connection_id)
+
+    # -- shell.run -------------------------------------------------------------
+
+    async def shell_run(self, params: api.RunParams, ctx: CallContext) -> api.RunResult:
+        """``shell.run``: run a command to its end, or start it detached."""
+        argv = self._argv(params)
+        if params.stdin is not None and params.stdin_stream:
+            raise InvalidParams("stdin and stdin_stream are exclusive")
+        opts = self._options(params)
+        if params.detached:
+            return self._start_detached(params, argv, opts)
+        cap = self._limits.output_cap
+        if params.output_cap is not None:
+            cap = min(cap, params.output_cap)
+        child = self._spawn(params, argv)
+        buffers: tuple[HeadTailBuffer, HeadTailBuffer] | None = None
+        if params.stream:
+            cmd = _Command(child, opts, self._spawn_background, sinks=None, stream_ctx=ctx)
+        else:
+            buffers = (HeadTailBuffer(cap), HeadTailBuffer(cap))
+            sinks = (buffers[0].write, buffers[1].write)
+            cmd = _Command(child, opts, self._spawn_background, sinks=sinks, stream_ctx=None)
+        key = (ctx.connection_id, ctx.call_id)
+        self._calls[key] = cmd
+        try:
+            self._hook_connection(ctx)
+            cmd.feed_stdin(params.stdin, ctx if params.stdin_stream else None)
+            outcome = await cmd.supervise()
+        except BaseException:
+            cmd.abort()
+            raise
+        finally:
+            if self._calls.get(key) is cmd:
+                del self._calls[key]
+            cmd.cleanup()
+        exit_code, sig = outcome.exit()
+        result = api.RunResult(
+            pid=child.pid,
+            exit_code=exit_code,
+            signal=sig,
+            timed_out=outcome.timed_out,
+            idle_out=outcome.idle_out,
+            duration=outcome.duration,
+            pipes_held_open=outcome.pipes_held_open,
+        )
+        if buffers is not None:
+            out, err = buffers
+            result.stdout, result.stdout_dropped = out.getvalue(), out.dropped
+            result.stderr, result.stderr_dropped = err.getvalue(), err.dropped
+        return result
+
+    def _start_detached(
+        self, params: api.RunParams, argv: list[str], opts: _Options
+    ) -> api.RunResult:
+        if params.stream or params.stdin_stream:
+            raise InvalidParams("a detached command cannot use the call's streams")
+        full = len(self._detached) >= self._limits.max_detached
+        finished = [r for r in self._detached.values() if r.outcome is not None] if full else []
+        if full and not finished:
+            raise LimitExceeded(
+                f"too many detached commands (limit {self._limits.max_detached})",
+                {"limit": self._limits.max_detached},
+            )
+        child = self._spawn(params, argv)
+        if finished:
+            # The oldest finished record whose status nobody read makes room.
+            self._forget(finished[0])
+        out, err = ByteRing(self._limits.detached_ring), ByteRing(self._limits.detached_ring)
+        changed = asyncio.Event()
+
+        def sink(ring: ByteRing) -> Callable[[bytes], None]:
+            def write(data: bytes) -> None:
+                ring.write(data)
+                changed.set()
+
+            return write
+
+        cmd = _Command(
+            child, opts, self._spawn_background, sinks=(sink(out), sink(err)), stream_ctx=None
+        )
+        command_id = secrets.token_hex(8)
+        rec = _Detached(
+            command_id=command_id,
+            title=_title(argv),
+            cwd=params.cwd,
+            started=time.time(),
+            command=cmd,
+            out=out,
+            err=err,
+            changed=changed,
+        )
+        cmd.feed_stdin(params.stdin, None)
+        self._detached[command_id] = rec
+        rec.task = asyncio.ensure_future(self._supervise_detached(rec))
+        return api.RunResult(pid=child.pid, command_id=command_id)
+
+    async def _supervise_detached(self, rec: _Detached) -> None:
+        try:
+            rec.outcome = await rec.command.supervise()
+        finally:
+            rec.command.cleanup()
+        rec.finished = time.time()
+        rec.changed.set()
+        rec.done.set()
+        if rec.command_id in self._detached:
+            loop = asyncio.get_running_loop()
+            rec.expiry = loop.call_later(self._limits.detached_retention, self._forget, rec)
+
+    def _forget(self, rec: _Detached) -> None:
+        if self._detached.get(rec.command_id) is rec:
+            del self._detached[rec.command_id]
+        if rec.expiry is not None:
+            rec.expiry.cancel()
+            rec.expiry = None
+
+    def _record(self, command_id: str) -> _Detached:
+        rec = self._detached.get(command_id)
+        if rec is None:
+            raise NoSuchProcess(f"no detached command {command_id[:64]!r}")
+        return rec
+
+    def _read_status(self, rec: _Detached) -> api.CommandInfo:
+        info = rec.info()
+        if rec.outcome is not None:
+            self._forget(rec)
+        return info
+
+    # -- shell.signal ----------------------------------------------------------
+
+    async def shell_signal(self, params: api.SignalParams, ctx: CallContext) -> api.SignalResult:
+        """``shell.signal``: signal a running command (then SIGCONT it)."""
+        if (params.call_id is None) == (params.command_id is None):
+            raise InvalidParams("exactly one of call_id and command_id is required")
+        if params.signal not in _VALID_SIGNALS:
+            raise InvalidParams(f"invalid signal {params.signal}")
+        if params.command_id is not None:
+            cmd = self._record(params.command_id).command
+        else:
+            assert params.call_id is not None
+            found = self._calls.get((ctx.connection_id, params.call_id))
+            if found is None:
+                raise NoSuchProcess(f"no running command for call {params.call_id}")
+            cmd = found
+        child = cmd.child
+        if not child.running or not child.signal_and_continue(params.signal, group=params.group):
+            raise AlreadyExited(f"command {child.pid} has already exited", {"pid": child.pid})
+        return api.SignalResult(pid=child.pid)
+
+    # -- detached: list / status / wait / attach -------------------------------
+
+    async def shell_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
+        """``shell.list``: every remembered detached command."""
+        return api.ListResult(commands=[rec.info() for rec in self._detached.values()])
+
+    async def shell_status(self, params: api.StatusParams, ctx: CallContext) -> api.CommandInfo:
+        """``shell.status``: one detached command's state (a final one is consumed)."""
+        return self._read_status(self._record(params.command_id))
+
+    async def shell_wait(self, params: api.WaitParams, ctx: CallContext) -> api.CommandInfo:
+        """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
+        rec = self._record(params.command_id)
+        if not rec.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(params.timeout):
+                    await rec.done.wait()
+        return self._read_status(rec)
+
+    async def shell_attach(self, params: api.AttachParams, ctx: CallContext) -> api.AttachResult:
+        """``shell.attach``: replay retained output, follow it, report the exit."""
+        rec = self._record(params.command_id)
+        if rec.attached:
+            raise AlreadyAttached(f"command {params.command_id[:64]!r} already has a client")
+        rec.attached = True
+        offsets = [0, 0]
+        lost = [0, 0]
+        rings = ((rec.out, api.STDOUT_STREAM), (rec.err, api.STDERR_STREAM))
+        try:
+            while True:
+                rec.changed.clear()
+                moved = False
+                for i, (ring, stream) in enumerate(rings):
+                    data, skipped = ring.read_from(offsets[i], _ATTACH_READ)
+                    lost[i] += skipped
+                    offsets[i] += skipped + len(data)
+                    if data:
+                        moved = True
+                        await ctx.send(stream, data)
+                if moved:
+                    continue
+                if rec.outcome is not None or not params.follow:
+                    break
+                await rec.changed.wait()
+            await ctx.send(api.STDOUT_STREAM, b"", end=True)
+            await ctx.send(api.STDERR_STREAM, b"", end=True)
+        finally:
+            rec.attached = False
+        return api.AttachResult(
+            info=self._read_status(rec), stdout_lost=lost[0], stderr_lost=lost[1]
+        )

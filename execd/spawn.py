@@ -1,0 +1,776 @@
+"""Spawning processes, watching their exit, reading their pipes, reaping orphans.
+
+This module is the one place where execd creates processes.
+
+Spawning
+    :func:`spawn` starts every command with ``setsid`` (it leads its own
+    session and process group), stdin on ``/dev/null`` or a pipe, and
+    stdout/stderr on pipes:
+
+    * without a working directory (or with execd's own), through
+      ``os.posix_spawnp`` (or ``os.posix_spawn`` after a ``PATH`` search in
+      the command's environment when its ``PATH`` differs from execd's):
+      glibc clones with ``CLONE_VM|CLONE_VFORK``, applies the three stdio
+      actions, resets SIGPIPE/SIGXFSZ to their defaults and execs; exec
+      failures come back as the call's errno. It closes nothing else in the
+      child, so descriptors execd inherited are made close-on-exec once
+      (everything Python opens already is);
+    * with another working directory, through :class:`subprocess.Popen`,
+      which also uses ``vfork``, changes directory in the child, closes stray
+      descriptors and reports ``chdir``/exec failures with their errno
+      (``os.posix_spawn`` has no working-directory action before Python 3.13).
+
+    Measured with ``python -m bench.spawn`` (spawn ``true``, wait, read its
+    output to EOF): the posix_spawn path costs about what a blocking
+    ``subprocess.run`` does and well under the event loops' own
+    ``create_subprocess_exec``, which add transports, protocols and a child
+    watcher per process; the Popen path costs a Python-level Popen more.
+
+Exit watching
+    The parent holds a pidfd of the child (``os.pidfd_open``, Linux 5.3) and
+    watches it with ``loop.add_reader``: the pidfd becomes readable when the
+    child exits, and the callback reaps exactly that pid with
+    ``waitpid(pid, WNOHANG)``. No SIGCHLD handler, no watcher thread, and the
+    same code runs on uvloop and on asyncio's own loops.
+
+Pipes
+    The parent ends of the stdout/stderr pipes are nonblocking and watched
+    with ``loop.add_reader`` by :class:`PipeReader`, which either hands each
+    chunk to a synchronous sink or queues it for an ``await read()`` consumer.
+    A queueing reader stops watching its descriptor while more than
+    ``high_water`` bytes wait, so a slow consumer blocks the child's writes
+    instead of growing memory.
+
+Reaping
+    execd is a child subreaper (``execd.marker.set_child_subreaper``): orphaned
+    descendants are reparented to it and, once dead, stay zombies until it
+    waits for them. :class:`Reaper` scans execd's children for zombies and
+    reaps those that no one in execd is waiting for. The children come from
+    ``/proc/self/task/<tid>/children`` (every thread of execd; the kernel
+    reparents orphans to any live thread), falling back to a scan of all of
+    ``/proc`` for ``PPid == getpid()``. A zombie's state comes from
+    ``/proc/<pid>/stat``. Each pid is reaped with ``waitpid(pid, WNOHANG)``,
+    never ``waitpid(-1)``, and pids in the tracked set are skipped, so the
+    status of a child that :func:`spawn` started (or that another part of
+    execd registered with :func:`track`) is never stolen. The scan runs on a
+    periodic timer and soon after any tracked child exits (its orphans are
+    likely to die with it). A SIGCHLD handler is deliberately not used:
+    uvloop refuses one (libuv owns that signal to track its own
+    subprocesses), and the timer costs one small read per execd thread.
+    Anything in execd that starts processes by other means must
+    :func:`track` their pids while it waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import select
+import signal
+import stat
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from execd.errors import InvalidParams, SpawnFailed
+
+READ_SIZE = 64 * 1024
+"""Bytes asked of ``os.read`` per readable event."""
+
+HIGH_WATER = 256 * 1024
+"""Bytes a queueing :class:`PipeReader` holds before it stops reading."""
+
+_DEFAULT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
+"""Signals Python ignores that a command must start with at their default."""
+_STOP_SIGNALS = frozenset(
+    {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT}
+)
+
+
+# -- the set of children execd waits for itself --------------------------------
+
+_tracked: set[int] = set()
+_reapers: list[Reaper] = []
+
+
+def track(pid: int) -> None:
+    """Mark ``pid`` as a child someone in execd waits for: the reaper skips it."""
+    _tracked.add(pid)
+
+
+def untrack(pid: int) -> None:
+    """Forget ``pid`` after its waiter reaped it."""
+    _tracked.discard(pid)
+
+
+def is_tracked(pid: int) -> bool:
+    """Whether ``pid`` is a child someone in execd waits for."""
+    return pid in _tracked
+
+
+# -- exit statuses ---------------------------------------------------------------
+
+
+def decode_status(status: int) -> tuple[int | None, int | None]:
+    """``(exit_code, signal)`` of a ``waitpid`` status; exactly one is not None."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status), None
+
+
+# -- spawning --------------------------------------------------------------------
+
+
+class Child:
+    """A running (or finished) spawned process and the parent ends of its pipes.
+
+    ``stdin`` is the nonblocking write end of the child's stdin pipe, or
+    ``None`` when stdin is ``/dev/null``; ``stdout`` and ``stderr`` are the
+    nonblocking read ends. The caller owns those descriptors (hand them to a
+    :class:`PipeReader` or close them). The child leads its own process
+    group, whose id is its pid.
+
+    ``exited`` resolves to the raw wait status once the child has been
+    reaped. Await :meth:`wait` rather than ``exited`` itself: cancelling a
+    task cancels the future it awaits. ``started`` and ``ended`` are the
+    ``time.monotonic()`` of the spawn and of the reaping.
+    """
+
+    __slots__ = (
+        "_loop",
+        "_pidfd",
+        "_popen",
+        "_waiters",
+        "ended",
+        "exited",
+        "pid",
+        "started",
+        "stderr",
+        "stdin",
+        "stdout",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+        pid: int,
+        popen: subprocess.Popen[bytes] | None,
+        pidfd: int,
+        stdin: int | None,
+        stdout: int,
+        stderr: int,
+    ) -> None:
+        self._loop = loop
+        self._popen = popen
+        self._pidfd = pidfd
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.started = started
+        self.ended = started
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self._waiters: list[asyncio.Future[int]] = []
+        loop.add_reader(pidfd, self._on_pidfd)
+
+    def wait(self) -> asyncio.Future[int]:
+        """A new future of the wait status; cancelling it concerns no one else."""
+        waiter: asyncio.Future[int] = self._loop.create_future()
+        if self.exited.done():
+            waiter.set_result(self.exited.result())
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    @property
+    def running(self) -> bool:
+        """Whether the child has not been reaped yet."""
+        return not self.exited.done()
+
+    def _on_pidfd(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Reaped behind our back: report it as killed rather than hang.
+            pid, status = self.pid, int(signal.SIGKILL)
+        if pid == 0:
+            return
+        self._finish(status)
+
+    def _finish(self, status: int) -> None:
+        self.ended = time.monotonic()
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        untrack(self.pid)
+        if self._popen is not None:
+            # Keeps Popen.__del__ from queueing the pid for its own waitpid.
+            self._popen.returncode = os.waitstatus_to_exitcode(status)
+        if not self.exited.done():
+            self.exited.set_result(status)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(status)
+        _poke_reapers()
+
+    def signal(self, sig: int, *, group: bool = True) -> bool:
+        """Send ``sig`` to the child's process group (or the child alone).
+
+        Returns False when there is no one left to receive it. A lone child
+        is only signalled while it is unreaped, so its pid cannot have been
+        reused.
+        """
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            elif self.running:
+                os.kill(self.pid, sig)
+            else:
+                return False
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal_and_continue(self, sig: int, *, group: bool = True) -> bool:
+        """Send ``sig`` then SIGCONT, so a stopped target wakes up to receive it."""
+        delivered = self.signal(sig, group=group)
+        if delivered and sig not in _STOP_SIGNALS and sig != 0:
+            self.signal(signal.SIGCONT, group=group)
+        return delivered
+
+    def group_alive(self) -> bool:
+        """Whether any live (not zombie) process is left in the child's group."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return _group_has_live_member(self.pid)
+
+    def close_stdin(self) -> None:
+        """Close the parent's end of the stdin pipe, if open."""
+        if self.stdin is not None:
+            os.close(self.stdin)
+            self.stdin = None
+
+
+def _spawn_error(exc: OSError, argv0: str, cwd: str | None) -> SpawnFailed:
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    reason = exc.strerror or name
+    if cwd is not None and exc.filename == cwd and cwd != argv0:
+        where, what = cwd, "working directory"
+    else:
+        where, what = argv0, "command"
+    if exc.errno == errno.ENOENT:
+        message = f"{what} not found: {where}"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        message = f"{what} not permitted: {where}"
+    else:
+        message = f"cannot start {where}: {reason}"
+    return SpawnFailed(message, {"errno": name, "path": where, "what": what})
+
+
+def resolve_program(name: str, env: Mapping[str, str]) -> str:
+    """The file ``execvp`` would run for ``name`` with ``env``'s ``PATH``.
+
+    A name containing a slash is returned as is. Raises :class:`SpawnFailed`
+    (ENOENT, or EACCES when only non-executable candidates exist), or
+    :class:`InvalidParams` for a name with a NUL.
+    """
+    if "\0" in name:
+        raise InvalidParams("the program name contains a NUL")
+    if "/" in name:
+        return name
+    denied = False
+    for directory in os.get_exec_path(env):
+        path = os.path.join(directory, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(path, os.X_OK):
+            return path
+        denied = True
+    code = errno.EACCES if denied else errno.ENOENT
+    raise _spawn_error(OSError(code, os.strerror(code), name), name, None)
+
+
+def _high_fd(fd: int) -> int:
+    """``fd`` itself, or a close-on-exec duplicate of it above 2."""
+    if fd > 2:
+        return fd
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return high
+
+
+def _pipe() -> tuple[int, int]:
+    """A close-on-exec pipe whose ends are both above 2 (stdio is remapped)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        r = _high_fd(r)
+        w = _high_fd(w)
+    except OSError:
+        for fd in (r, w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
+    return r, w
+
+
+_swept = False
+
+
+def _sweep_inherited_fds() -> None:
+    """Make every descriptor above 2 close-on-exec (once per process).
+
+    ``os.posix_spawn`` closes nothing in the child: descriptors execd
+    inherited from whoever started it, if left inheritable, would leak into
+    every command. Descriptors Python creates are close-on-exec already.
+    """
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    for entry in os.listdir("/proc/self/fd"):
+        fd = int(entry)
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+
+
+def _start(
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin_fd: int,
+    stdout_fd: int,
+    stderr_fd: int,
+) -> tuple[int, subprocess.Popen[bytes] | None]:
+    """Start the process; ``(pid, popen or None)``. ``stdin_fd < 0``: /dev/null."""
+    if cwd is not None and cwd != os.getcwd():
+        popen = subprocess.Popen(
+            argv,
+            stdin=stdin_fd if stdin_fd >= 0 else subprocess.DEVNULL,
+            stdout=stdout_fd,
+            stderr=stderr_fd,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+        return popen.pid, popen
+    stdin_action: tuple[Any, ...] = (
+        (os.POSIX_SPAWN_DUP2, stdin_fd, 0)
+        if stdin_fd >= 0
+        else (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
+    )
+    actions = [
+        stdin_action,
+        (os.POSIX_SPAWN_DUP2, stdout_fd, 1),
+        (os.POSIX_SPAWN_DUP2, stderr_fd, 2),
+    ]
+    _sweep_inherited_fds()
+    if env.get("PATH") == os.environ.get("PATH"):
+        # posix_spawnp searches execd's own PATH, which is the command's too.
+        return os.posix_spawnp(
+            argv[0], argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS
+        ), None
+    program = resolve_program(argv[0], env)
+    return os.posix_spawn(
+        program, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS
+    ), None
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    stdin_pipe: bool = False,
+) -> Child:
+    """Start ``argv`` in a new session with piped stdout/stderr.
+
+    ``argv[0]`` is searched in the ``PATH`` of ``env``. stdin is a pipe when
+    ``stdin_pipe`` is true, otherwise ``/dev/null``. Must be called from a
+    running event loop. Raises :class:`SpawnFailed` (errno in ``data``) when
+    the program or the working directory cannot be used, and
+    :class:`InvalidParams` for arguments no process can receive (NUL bytes,
+    ``=`` in a variable name).
+    """
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    if not argv:
+        raise InvalidParams("argv must not be empty")
+    argv = list(argv)
+    if "\0" in argv[0]:
+        raise InvalidParams("the program name contains a NUL")
+    fds: list[int] = []
+    try:
+        out_r, out_w = _pipe()
+        fds += (out_r, out_w)
+        err_r, err_w = _pipe()
+        fds += (err_r, err_w)
+        in_r, in_w = _pipe() if stdin_pipe else (-1, -1)
+        fds += (in_r, in_w)
+    except OSError as exc:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        name = errno.errorcode.get(exc.errno or 0, "EIO")
+        raise SpawnFailed(f"cannot create pipes: {exc.strerror}", {"errno": name}) from None
+    try:
+        pid, popen = _start(argv, env, cwd, in_r, out_w, err_w)
+    except BaseException as exc:
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+        if isinstance(exc, SpawnFailed):
+            raise
+        if isinstance(exc, OSError):
+            raise _spawn_error(exc, argv[0], cwd) from None
+        if isinstance(exc, ValueError | TypeError):
+            raise InvalidParams(f"cannot pass arguments to a process: {exc}") from None
+        raise
+    track(pid)
+    for fd in (out_w, err_w, in_r):
+        if fd >= 0:
+            os.close(fd)
+    for fd in (out_r, err_r, in_w):
+        if fd >= 0:
+            os.set_blocking(fd, False)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if popen is not None:
+            popen.returncode = -signal.SIGKILL
+        untrack(pid)
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
+        raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
+    return Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+
+
+async def terminate_group(child: Child, grace: float) -> None:
+    """SIGTERM the child's whole group, SIGKILL whatever outlives ``grace``.
+
+    Each signal is followed by SIGCONT so stopped members wake up to die.
+    Returns once the child itself has been reaped.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    if not child.signal_and_continue(signal.SIGTERM):
+        await child.wait()
+        return
+    if grace > 0:
+        await asyncio.wait({child.exited}, timeout=grace)
+    delay = 0.005
+    while child.group_alive() and loop.time() < deadline:
+        reap_orphans()
+        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+        delay = min(delay * 2, 0.05)
+    if child.group_alive():
+        child.signal(signal.SIGKILL)
+    await child.wait()
+
+
+# -- pipes -----------------------------------------------------------------------
+
+
+class PipeReader:
+    """The nonblocking read end of a pipe, watched by the event loop.
+
+    With a ``sink``, every chunk is handed to it as it arrives and reading
+    never pauses. Without one, chunks queue for :meth:`read`; while more than
+    ``high_water`` bytes wait the descriptor is not watched, so the writer
+    blocks instead of execd's memory growing.
+
+    ``eof`` resolves when the writer side is closed everywhere (or the reader
+    is closed). ``last_data`` is the loop time of the latest chunk.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_fd",
+        "_high_water",
+        "_loop",
+        "_queued",
+        "_sink",
+        "_waiter",
+        "_watching",
+        "eof",
+        "last_data",
+    )
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        sink: Callable[[bytes], None] | None = None,
+        high_water: int = HIGH_WATER,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = fd
+        self._sink = sink
+        self._high_water = high_water
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self.eof: asyncio.Future[None] = self._loop.create_future()
+        self.last_data = self._loop.time()
+        self._watching = False
+        self._watch()
+
+    @property
+    def queued(self) -> int:
+        """Bytes read from the pipe and not yet taken by :meth:`read`."""
+        return self._queued
+
+    def _watch(self) -> None:
+        if not self._watching and self._fd >= 0:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self.last_data = self._loop.time()
+        if self._sink is not None:
+            self._sink(data)
+            return
+        self._chunks.append(data)
+        self._queued += len(data)
+        if self._queued >= self._high_water:
+            self._unwatch()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    async def read(self) -> bytes:
+        """Everything queued so far (waiting for some), or ``b""`` at EOF."""
+        while not self._chunks:
+            if self._fd < 0:
+                return b""
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._queued = 0
+        self._watch()
+        return data
+
+    def writer_gone(self) -> bool:
+        """Whether every write end is closed (data may still be unread)."""
+        if self._fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        return any(ev & select.POLLHUP for _, ev in poller.poll(0))
+
+    def close(self) -> None:
+        """Stop reading and close the descriptor; queued chunks stay readable."""
+        if self._fd >= 0:
+            self._unwatch()
+            os.close(self._fd)
+            self._fd = -1
+        if not self.eof.done():
+            self.eof.set_result(None)
+        self._wake()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def write_all(fd: int, data: bytes | memoryview) -> bool:
+    """Write ``data`` to the nonblocking pipe ``fd``; False if the reader left."""
+    loop = asyncio.get_running_loop()
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except (BlockingIOError, InterruptedError):
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _resolve, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(fd)
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        view = view[written:]
+    return True
+
+
+# -- reaping orphans -------------------------------------------------------------
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = []
+    found_file = False
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found_file = True
+                pids += (int(p) for p in f.read().split())
+        except OSError:
+            continue
+    if found_file:
+        return pids
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None and stat[1] == me:
+                pids.append(int(entry))
+    return pids
+
+
+def _stat(pid: int | str) -> tuple[str, int, int] | None:
+    """``(state, ppid, pgrp)`` from ``/proc/<pid>/stat``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if len(fields) < 3:
+        return None
+    return fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[2])
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    """Whether a process that is not a zombie belongs to group ``pgid``.
+
+    ``killpg(pgid, 0)`` also succeeds for a group of zombies, which may wait
+    a while for a parent (or init) to reap them; only the living matter when
+    deciding whether SIGKILL is needed.
+    """
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None and stat[2] == pgid and stat[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def reap_orphans() -> list[tuple[int, int]]:
+    """Reap every zombie child of execd that nobody tracks: ``[(pid, status)]``."""
+    reaped: list[tuple[int, int]] = []
+    for pid in _children():
+        if pid in _tracked:
+            continue
+        stat = _stat(pid)
+        if stat is None or stat[0] != "Z":
+            continue
+        # Checked again right before waiting: tracking only changes on the
+        # event loop thread, which is this one.
+        if pid in _tracked:
+            continue
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if got == pid:
+            reaped.append((pid, status))
+    return reaped
+
+
+class Reaper:
+    """Periodically reaps orphaned zombies; see the module docstring.
+
+    ``start()`` needs a running loop. ``poke()`` asks for a scan soon (it is
+    called whenever a child started by :func:`spawn` exits). ``reaped``
+    counts the zombies reaped so far.
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.reaped = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._soon: asyncio.Handle | None = None
+
+    def start(self) -> None:
+        """Begin scanning every ``interval`` seconds."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        _reapers.append(self)
+        self._schedule()
+
+    def stop(self) -> None:
+        """Stop scanning."""
+        if self in _reapers:
+            _reapers.remove(self)
+        for handle in (self._timer, self._soon):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._soon = None
+        self._loop = None
+
+    def _schedule(self) -> None:
+        if self._loop is not None:
+            self._timer = self._loop.call_later(self.interval, self._tick)
+
+    def _tick(self) -> None:
+        self.reap()
+        self._schedule()
+
+    def poke(self) -> None:
+        """Scan on the next loop iteration (at most one pending scan)."""
+        if self._loop is None or self._soon is not None:
+            return
+        self._soon = self._loop.call_soon(self._poked)
+
+    def _poked(self) -> None:
+        self._soon = None
+        self.reap()
+
+    def reap(self) -> list[tuple[int, int]]:
+        """Scan now; returns ``[(pid, status)]`` of what was reaped."""
+        reaped = reap_orphans()
+        self.reaped += len(reaped)
+        return reaped
+
+
+def _poke_reapers() -> None:
+    for reaper in _reapers:
+        reaper.poke()

@@ -1,0 +1,245 @@
+"""Parameter and result shapes of the ``shell.*`` methods.
+
+``shell.run`` runs one command: ``argv`` directly, or a ``command`` string
+through ``/bin/sh -c``. Every command leads its own session and process
+group; stopping it (timeout, idle timeout, cancel, lost connection) sends
+SIGTERM to the whole group and SIGKILL after ``kill_grace``.
+
+Streams: with ``stream=True`` output goes live to the client on the streams
+:data:`STDOUT_STREAM` and :data:`STDERR_STREAM` (each ended before the
+result); otherwise it is collected, each stream capped at ``output_cap``
+bytes of which the first half (head) and the last half (tail) are kept. With
+``stdin_stream=True`` the command's stdin is fed from the client's
+:data:`STDIN_STREAM`; with ``stdin`` bytes it reads those; otherwise it reads
+``/dev/null``.
+
+Detached commands (``detached=True``) outlive the connection. ``shell.run``
+returns at once with their ``command_id``; ``shell.list``, ``shell.attach``,
+``shell.status``, ``shell.wait`` and ``shell.signal`` address them by it. A
+finished detached command is forgotten once a client has read its final
+status, or after the daemon's retention period.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+RUN: Final = "shell.run"
+SIGNAL: Final = "shell.signal"
+LIST: Final = "shell.list"
+ATTACH: Final = "shell.attach"
+STATUS: Final = "shell.status"
+WAIT: Final = "shell.wait"
+
+STDOUT_STREAM: Final = "stdout"
+STDERR_STREAM: Final = "stderr"
+STDIN_STREAM: Final = "stdin"
+
+MAX_ARGV: Final = 4096
+"""Most argv items."""
+
+MAX_ARG: Final = 128 * 1024
+"""Longest single argument (Linux's MAX_ARG_STRLEN), in characters."""
+
+MAX_COMMAND: Final = 1024 * 1024
+"""Longest ``command`` string, in characters."""
+
+MAX_ENV: Final = 4096
+"""Most ``env`` entries, and most ``unset`` names."""
+
+MAX_ENV_NAME: Final = 4096
+"""Longest environment variable name."""
+
+MAX_PATH: Final = 4096
+"""Longest working directory path."""
+
+MAX_STDIN: Final = 16 * 1024 * 1024
+"""Largest inline ``stdin``."""
+
+MAX_SECONDS: Final = 30 * 24 * 3600.0
+"""Largest timeout or grace period accepted, in seconds."""
+
+MAX_OUTPUT_CAP: Final = 2**40
+"""Schema bound of ``output_cap``; the daemon clamps it to its own limit."""
+
+MAX_COMMAND_ID: Final = 64
+"""Longest command id."""
+
+MAX_TITLE: Final = 1024
+"""Longest ``CommandInfo.title``; longer command lines are truncated."""
+
+Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME)]
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+Signal = Annotated[int, msgspec.Meta(ge=0, le=64)]
+CommandId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_COMMAND_ID)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+CommandState = Literal["running", "exited"]
+
+
+class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+    """Common configuration of every shell message."""
+
+
+# -- shell.run -------------------------------------------------------------------
+
+
+class RunParams(_Message):
+    """Run one command; exactly one of ``argv`` and ``command`` is required.
+
+    ``env`` overrides and ``unset`` removes variables of the daemon's base
+    environment (the daemon's marker variable can be neither). ``timeout``
+    bounds the command's run; ``idle_timeout`` stops it after that many
+    seconds without output. ``output_cap`` (collected mode) caps each stream;
+    ``drain_grace`` is how long output may keep flowing after the command
+    exits (a background child holding the pipes cannot hold the reply longer);
+    ``kill_grace`` is the wait between SIGTERM and SIGKILL. Unset values take
+    the daemon's defaults.
+    """
+
+    argv: Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGV)] | None = None
+    command: Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)] | None = None
+    cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    stdin: Annotated[bytes, msgspec.Meta(max_length=MAX_STDIN)] | None = None
+    stdin_stream: bool = False
+    timeout: Seconds | None = None
+    idle_timeout: Seconds | None = None
+    stream: bool = False
+    output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
+    drain_grace: Seconds | None = None
+    kill_grace: Seconds | None = None
+    detached: bool = False
+
+
+class RunResult(_Message):
+    """Outcome of ``shell.run``.
+
+    A detached run returns at once with ``command_id`` and ``pid`` only.
+    Otherwise exactly one of ``exit_code`` and ``signal`` is set (``signal``:
+    the command was killed by that signal). ``timed_out``/``idle_out`` say the
+    daemon stopped it. In collected mode ``stdout``/``stderr`` hold the output
+    (partial after a timeout); when ``stdout_dropped`` is positive, the first
+    ``output_cap // 2`` bytes of ``stdout`` are its head and the rest its
+    tail, with ``stdout_dropped`` bytes lost between them (same for stderr).
+    ``pipes_held_open``: something the command left behind still held its
+    output pipes when the drain grace ran out; output after that is lost.
+    ``duration`` is seconds from spawn to exit.
+    """
+
+    pid: int
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    idle_out: bool = False
+    duration: float = 0.0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_dropped: Count = 0
+    stderr_dropped: Count = 0
+    pipes_held_open: bool = False
+    command_id: str | None = None
+
+
+# -- shell.signal ----------------------------------------------------------------
+
+
+class SignalParams(_Message):
+    """Send ``signal`` to a running command: exactly one of the two ids.
+
+    ``call_id`` names a running non-detached ``shell.run`` call on the same
+    connection; ``command_id`` a detached command. With ``group`` (default)
+    the whole process group gets the signal. Unless it is a stop signal,
+    SIGCONT follows so a stopped command wakes up to receive it. Signal 0
+    only checks that the target exists.
+    """
+
+    signal: Signal
+    call_id: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
+    command_id: CommandId | None = None
+    group: bool = True
+
+
+class SignalResult(_Message):
+    """``shell.signal`` delivered the signal to the command with this pid."""
+
+    pid: int
+
+
+# -- detached commands -----------------------------------------------------------
+
+
+class CommandInfo(_Message):
+    """What is known about one detached command.
+
+    ``title`` is the command line, truncated to :data:`MAX_TITLE`
+    characters. ``started``/``finished`` are Unix times. ``stdout_bytes`` and
+    ``stderr_bytes`` count all output produced so far, kept or not.
+    """
+
+    command_id: str
+    pid: int
+    title: str
+    state: CommandState
+    started: float
+    cwd: str | None = None
+    finished: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    idle_out: bool = False
+    duration: float | None = None
+    stdout_bytes: Count = 0
+    stderr_bytes: Count = 0
+    pipes_held_open: bool = False
+    attached: bool = False
+
+
+class ListParams(_Message):
+    """``shell.list`` takes no parameters."""
+
+
+class ListResult(_Message):
+    """Every detached command the daemon remembers, oldest first."""
+
+    commands: list[CommandInfo]
+
+
+class StatusParams(_Message):
+    """``shell.status``: the state of one detached command, without waiting."""
+
+    command_id: CommandId
+
+
+class WaitParams(_Message):
+    """``shell.wait``: wait until the command exits or ``timeout`` passes.
+
+    On timeout the reply is the still-running command's info.
+    """
+
+    command_id: CommandId
+    timeout: Seconds | None = None
+
+
+class AttachParams(_Message):
+    """``shell.attach``: replay the retained output, then follow it live.
+
+    The replay comes from a bounded ring per stream; bytes that fell off it
+    are counted in the result. With ``follow`` false the call returns after
+    the replay. One client at a time may be attached to a command.
+    """
+
+    command_id: CommandId
+    follow: bool = True
+
+
+class AttachResult(_Message):
+    """``shell.attach`` finished: the command's info and bytes lost off the rings."""
+
+    info: CommandInfo
+    stdout_lost: Count = 0
+    stderr_lost: Count = 0

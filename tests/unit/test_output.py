@@ -1,0 +1,131 @@
+"""Bounded output buffers: ByteRing and HeadTailBuffer against plain-bytes models."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from execd.output import ByteRing, HeadTailBuffer
+
+chunks = st.lists(st.binary(max_size=64), max_size=40)
+
+
+@given(capacity=st.integers(0, 100), writes=chunks)
+@settings(max_examples=200, deadline=None)
+def test_ring_keeps_the_last_capacity_bytes(capacity: int, writes: list[bytes]) -> None:
+    ring = ByteRing(capacity)
+    stream = b""
+    for data in writes:
+        ring.write(data)
+        stream += data
+        kept = stream[max(0, len(stream) - capacity) :] if capacity else b""
+        assert ring.getvalue() == kept
+        assert ring.total == len(stream)
+        assert ring.start == len(stream) - len(kept)
+        assert len(ring) == len(kept)
+
+
+@given(
+    capacity=st.integers(1, 100),
+    writes=chunks,
+    offset=st.integers(0, 3000),
+    limit=st.one_of(st.none(), st.integers(0, 200)),
+)
+@settings(max_examples=200, deadline=None)
+def test_ring_reads_from_absolute_offsets(
+    capacity: int, writes: list[bytes], offset: int, limit: int | None
+) -> None:
+    ring = ByteRing(capacity)
+    stream = b""
+    for data in writes:
+        ring.write(data)
+        stream += data
+    data, lost = ring.read_from(offset, limit)
+    start = max(0, len(stream) - capacity)
+    assert lost == max(0, start - offset)
+    begin = max(offset, start)
+    expected = stream[begin:] if limit is None else stream[begin : begin + limit]
+    assert data == expected
+
+
+def test_ring_resume_reports_loss_when_reader_falls_behind() -> None:
+    ring = ByteRing(8)
+    ring.write(b"abcdef")
+    data, lost = ring.read_from(0)
+    assert (data, lost) == (b"abcdef", 0)
+    offset = 6
+    ring.write(b"0123456789")  # 16 written, ring holds 89..: offsets 8..15
+    data, lost = ring.read_from(offset)
+    assert lost == 2
+    assert data == b"23456789"
+    assert ring.read_from(ring.total) == (b"", 0)
+
+
+def test_ring_rejects_negative_arguments() -> None:
+    with pytest.raises(ValueError):
+        ByteRing(-1)
+    with pytest.raises(ValueError):
+        ByteRing(4).read_from(-1)
+
+
+@given(cap=st.integers(0, 120), writes=chunks)
+@settings(max_examples=200, deadline=None)
+def test_head_tail_matches_model(cap: int, writes: list[bytes]) -> None:
+    buf = HeadTailBuffer(cap)
+    stream = b""
+    for data in writes:
+        buf.write(data)
+        stream += data
+    head_cap, tail_cap = cap // 2, cap - cap // 2
+    if len(stream) <= cap:
+        assert buf.getvalue() == stream
+        assert buf.dropped == 0
+    else:
+        tail = stream[len(stream) - tail_cap :] if tail_cap else b""
+        assert buf.getvalue() == stream[:head_cap] + tail
+        assert buf.dropped == len(stream) - head_cap - tail_cap
+    assert buf.total == len(stream)
+    assert buf.head_size == min(head_cap, len(stream))
+
+
+def test_head_tail_large_stream_keeps_ends_and_counts_the_gap() -> None:
+    buf = HeadTailBuffer(10)
+    for i in range(1000):
+        buf.write(b"%04d" % i)
+    value = buf.getvalue()
+    assert value[:5] == b"00000"
+    assert value[5:] == b"80999"
+    assert buf.dropped == 4000 - 10
+
+
+def test_memory_stays_within_the_cap() -> None:
+    cap = 64 * 1024
+    chunk = b"x" * 65536
+    tracemalloc.start()
+    try:
+        buf = HeadTailBuffer(cap)
+        ring = ByteRing(cap)
+        baseline = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for _ in range(512):  # 32 MiB through each
+            buf.write(chunk)
+            ring.write(chunk)
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+    assert buf.dropped == 512 * 65536 - cap
+    assert ring.total == 512 * 65536
+    # Two buffers of ``cap`` plus transient views, far below the 64 MiB written.
+    assert peak < 8 * cap
+
+
+def test_small_output_allocates_little() -> None:
+    buf = HeadTailBuffer(1 << 30)
+    buf.write(b"hello")
+    assert buf.getvalue() == b"hello"
+    ring = ByteRing(1 << 30)
+    ring.write(b"hello")
+    assert ring.getvalue() == b"hello"
