@@ -141,6 +141,8 @@ class Connection:
         self._send_credit: dict[StreamKey, int] = {}
         self._recv_left: dict[StreamKey, int] = {}
         self._streams: dict[int, set[str]] = {}
+        self._send_ended: set[StreamKey] = set()
+        self._recv_ended: set[StreamKey] = set()
         self._negotiated: Negotiated | None = None
 
     # -- public API ---------------------------------------------------------
@@ -193,8 +195,12 @@ class Connection:
         """
         if self.state is not State.OPEN:
             raise LocalProtocolError(f"cannot send {type(message).__name__} in state {self.state}")
-        self._before_send(message)
-        return self._frame(message)
+        # Check, frame, and only then commit: a message that cannot be framed
+        # (too large for the peer's cap) leaves no trace in the books.
+        self._check_send(message)
+        frame = self._frame(message)
+        self._commit_send(message)
+        return frame
 
     def stream_credit(self, call_id: int, stream: str) -> int:
         """How many data bytes may be sent on ``(call_id, stream)`` right now."""
@@ -232,7 +238,10 @@ class Connection:
     def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
         raise NotImplementedError
 
-    def _before_send(self, message: Message) -> None:
+    def _check_send(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def _commit_send(self, message: Message) -> None:
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------
@@ -287,23 +296,33 @@ class Connection:
         if self.cipher != limits.CIPHER_NONE:
             self._opener = FrameOpener(self.cipher, key)
 
-    def _note_sent_chunk(self, chunk: Chunk) -> None:
+    def _check_chunk(self, chunk: Chunk) -> None:
         key = (chunk.id, chunk.stream)
+        if key in self._send_ended:
+            raise LocalProtocolError(f"stream {chunk.stream!r} of call {chunk.id} has ended")
         credit = self._send_credit.get(key, self.peer_window)
         size = len(chunk.data)
         if size > credit:
             raise FlowControlBlocked(
                 f"chunk of {size} bytes exceeds the {credit} bytes of credit on {key}"
             )
-        if len(chunk.data) > self.max_chunk:
+        if size > self.max_chunk:
             raise LocalProtocolError(f"chunk of {size} bytes exceeds max_chunk {self.max_chunk}")
+
+    def _commit_chunk(self, chunk: Chunk) -> None:
+        key = (chunk.id, chunk.stream)
+        self._streams.setdefault(chunk.id, set()).add(chunk.stream)
+        credit = self._send_credit.get(key, self.peer_window)
         if chunk.end:
             self._send_credit.pop(key, None)
+            self._send_ended.add(key)
         else:
-            self._send_credit[key] = credit - size
+            self._send_credit[key] = credit - len(chunk.data)
 
     def _note_received_chunk(self, chunk: Chunk) -> None:
         key = (chunk.id, chunk.stream)
+        if key in self._recv_ended:
+            raise FlowControlViolation(f"chunk on stream {chunk.stream!r} after its end")
         left = self._recv_left.get(key)
         if left is None:
             names = self._streams.setdefault(chunk.id, set())
@@ -316,26 +335,28 @@ class Connection:
             raise FlowControlViolation(f"peer overran its credit on stream {chunk.stream!r}")
         if chunk.end:
             self._recv_left.pop(key, None)
+            self._recv_ended.add(key)
         else:
             self._recv_left[key] = left
 
     def _note_credit(self, credit: Credit) -> None:
         key = (credit.id, credit.stream)
-        if credit.id not in self._streams:
+        current = self._send_credit.get(key)
+        if current is None:
+            # Never sent on, or already ended: a late credit crossing our end.
             return
-        current = self._send_credit.get(key, self.peer_window)
         total = current + credit.bytes
         if total > limits.MAX_STREAM_WINDOW:
             raise FlowControlViolation("peer granted more credit than any window allows")
         self._send_credit[key] = total
 
-    def _track_sending_stream(self, call_id: int, stream: str) -> None:
-        self._streams.setdefault(call_id, set()).add(stream)
-
     def _finish_call(self, call_id: int) -> None:
         for name in self._streams.pop(call_id, ()):
-            self._send_credit.pop((call_id, name), None)
-            self._recv_left.pop((call_id, name), None)
+            key = (call_id, name)
+            self._send_credit.pop(key, None)
+            self._recv_left.pop(key, None)
+            self._send_ended.discard(key)
+            self._recv_ended.discard(key)
 
     def _handle_common(self, message: Message, events: list[ConnectionEvent]) -> bool:
         """Ping, Pong and Abort behave alike in both roles; True if handled."""
@@ -394,21 +415,25 @@ class ClientConnection(Connection):
         self._next_id += 1
         return call_id
 
-    def _before_send(self, message: Message) -> None:
+    def _check_send(self, message: Message) -> None:
         if isinstance(message, Call):
             if message.id in self._pending:
                 raise LocalProtocolError(f"call id {message.id} is already in flight")
-            self._pending.add(message.id)
         elif isinstance(message, Chunk):
             if message.id not in self._pending:
                 raise LocalProtocolError(f"no call {message.id} in flight for this chunk")
-            self._track_sending_stream(message.id, message.stream)
-            self._note_sent_chunk(message)
+            self._check_chunk(message)
         elif isinstance(message, Cancel):
             if message.id not in self._pending:
                 raise LocalProtocolError(f"no call {message.id} in flight to cancel")
         elif not isinstance(message, Ping | Pong | Credit | Abort):
             raise LocalProtocolError(f"a client does not send {type(message).__name__}")
+
+    def _commit_send(self, message: Message) -> None:
+        if isinstance(message, Call):
+            self._pending.add(message.id)
+        elif isinstance(message, Chunk):
+            self._commit_chunk(message)
 
     def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
         if self.state is State.HANDSHAKE:
@@ -500,6 +525,9 @@ class ServerConnection(Connection):
         self._accepted = tuple(ciphers)
         self._nonce = nonce if nonce is not None else secrets.token_bytes(limits.NONCE_SIZE)
         self._info = dict(info or {})
+        probe = Welcome(mac=bytes(limits.MAC_SIZE), info=self._info)
+        if len(ENCODER.encode(probe)) > limits.PREAUTH_MAX_FRAME:
+            raise ValueError("Welcome info does not fit the pre-authentication frame cap")
         self.max_inflight = max_inflight
         self._open_calls: set[int] = set()
         self._expect: type[Message] = Hello
@@ -510,19 +538,23 @@ class ServerConnection(Connection):
         """Calls received and not yet answered."""
         return len(self._open_calls)
 
-    def _before_send(self, message: Message) -> None:
+    def _check_send(self, message: Message) -> None:
         if isinstance(message, Reply | Error):
             if message.id not in self._open_calls:
                 raise LocalProtocolError(f"no call {message.id} open to answer")
-            self._open_calls.discard(message.id)
-            self._finish_call(message.id)
         elif isinstance(message, Chunk):
             if message.id not in self._open_calls:
                 raise LocalProtocolError(f"no call {message.id} open for this chunk")
-            self._track_sending_stream(message.id, message.stream)
-            self._note_sent_chunk(message)
+            self._check_chunk(message)
         elif not isinstance(message, Event | Ping | Pong | Credit | Abort):
             raise LocalProtocolError(f"a server does not send {type(message).__name__}")
+
+    def _commit_send(self, message: Message) -> None:
+        if isinstance(message, Reply | Error):
+            self._open_calls.discard(message.id)
+            self._finish_call(message.id)
+        elif isinstance(message, Chunk):
+            self._commit_chunk(message)
 
     def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
         if self.state is State.HANDSHAKE:

@@ -34,7 +34,7 @@ MAC_SIZE = 32
 #: Length of the AEAD authentication tag appended to every encrypted body.
 AEAD_TAG_SIZE = 16
 #: Room reserved in a frame for the Chunk envelope around its data.
-CHUNK_OVERHEAD = 256
+CHUNK_OVERHEAD = 1024
 
 #: Longest method, stream or event name.
 MAX_NAME = 128
