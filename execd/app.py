@@ -48,11 +48,15 @@ def build_capabilities(config: Config, base_env: dict[str, str]) -> list[Capabil
     """One instance of every capability, in the order they are closed."""
     from execd.files import FilesCapability
     from execd.ledger import LedgerCapability
+    from execd.services import ServicesCapability
+    from execd.sessions import SessionsCapability
     from execd.shell import ShellCapability
     from execd.watch import WatchCapability
 
     return [
         ShellCapability(config, base_env),
+        ServicesCapability(config, base_env),
+        SessionsCapability(config, base_env),
         FilesCapability(config),
         WatchCapability(config),
         LedgerCapability(config),

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from harnessd.client import CallHandle, Client, open_connection
+from harnessd.api_services import ServicesClient
+from harnessd.client import CallHandle, open_connection
 from harnessd.errors import ProtocolViolation, RemoteError
 from protocol import limits
 from protocol.api import files, ledger, shell
@@ -26,7 +27,7 @@ from protocol.api.core import CloseParams, CloseReport, EchoParams, ServerInfo
 UPLOAD_BLOCK = 1024 * 1024
 
 
-class ExecdClient(Client):
+class ExecdClient(ServicesClient):
     """An authenticated connection to execd with one typed method per RPC."""
 
     # -- core ------------------------------------------------------------------

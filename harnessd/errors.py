@@ -146,6 +146,12 @@ class ServiceError(RemoteError):
     default_code = ErrorCode.SERVICE_FAILED
 
 
+class ServiceFailed(ServiceError):
+    """A service died before it became ready; ``data`` carries its log tail and exit status."""
+
+    default_code = ErrorCode.SERVICE_FAILED
+
+
 class NoSuchService(ServiceError):
     default_code = ErrorCode.NO_SUCH_SERVICE
 
@@ -180,8 +186,16 @@ class NoSuchSession(RemoteError):
     default_code = ErrorCode.NO_SUCH_SESSION
 
 
+class SessionExists(RemoteError):
+    default_code = ErrorCode.SESSION_EXISTS
+
+
 class SessionBusy(RemoteError):
     default_code = ErrorCode.SESSION_BUSY
+
+
+class SessionDead(RemoteError):
+    default_code = ErrorCode.SESSION_DEAD
 
 
 _BY_CODE: dict[int, type[RemoteError]] = {
@@ -207,7 +221,7 @@ _BY_CODE: dict[int, type[RemoteError]] = {
         SpawnFailed,
         NoSuchProcess,
         ProcessLimit,
-        ServiceError,
+        ServiceFailed,
         NoSuchService,
         ServiceExists,
         NotReady,
@@ -216,7 +230,9 @@ _BY_CODE: dict[int, type[RemoteError]] = {
         LedgerConflict,
         LedgerCorrupt,
         NoSuchSession,
+        SessionExists,
         SessionBusy,
+        SessionDead,
     )
 }
 

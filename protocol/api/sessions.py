@@ -1,0 +1,199 @@
+"""Parameter and result shapes of the ``sessions.*`` methods: persistent shells.
+
+A *session* is a named ``/bin/sh`` that lives between calls, like a
+terminal: the working directory, exported variables, shell variables and
+functions a command leaves behind are there for the next command. Each
+``sessions.run`` runs one command text in that shell and reports its own
+exit status, output and working directory.
+
+How a command runs
+------------------
+
+The command text is written to a private file and sourced by the session
+shell (``. file``), so ``cd``, ``export``, heredocs and everything else of
+the shell language behave as typed at a prompt. Its stdin is ``/dev/null``
+(or the ``stdin`` bytes of the call); its stdout and stderr are collected,
+each capped at ``output_cap`` bytes of which the first half (head) and the
+last half (tail) are kept. The exit status travels back on a channel of its
+own, never in the output, so nothing a command prints can fake or hide it.
+
+Background jobs (``cmd &``) do not delay the reply; output they write while
+a later command runs is part of that command's output, and output written
+while the session is idle is discarded. ``exit`` (or anything else that
+ends the shell) ends the session: that run reports the shell's exit status
+with ``session_ended`` set, and later calls fail with ``SESSION_DEAD``.
+
+Interrupts and timeouts
+-----------------------
+
+``sessions.interrupt`` sends SIGINT to the foreground command: processes the
+command started in the foreground die as on a terminal's Ctrl-C, background
+jobs (which ignore SIGINT) and the shell survive, and the rest of the
+command text is skipped (exit status 130). A command running past
+``timeout`` is interrupted the same way; whatever it started that is still
+alive ``kill_grace`` seconds later is killed with SIGKILL (background jobs of
+earlier commands are spared). If even that does not end it, the session is
+killed (``session_ended``).
+
+Methods
+-------
+
+* ``sessions.open`` (:class:`OpenParams` -> :class:`SessionInfo`): start a
+  session (``SESSION_EXISTS`` while one of that name is alive; a dead one is
+  replaced; ``LIMIT_EXCEEDED`` beyond the daemon's limit, once no dead
+  session is left to make room).
+* ``sessions.run`` (:class:`RunParams` -> :class:`RunResult`): run one
+  command; ``SESSION_BUSY`` while another runs, ``SESSION_DEAD`` once the
+  shell has ended, ``NO_SUCH_SESSION`` for an unknown name.
+* ``sessions.interrupt`` (:class:`InterruptParams` -> :class:`InterruptResult`).
+* ``sessions.close`` (:class:`CloseParams` -> :class:`CloseResult`): kill the
+  shell and everything it started (its process group, and every process
+  that inherited the session's sub-marker variable, whatever its group), and
+  forget the session.
+* ``sessions.list`` (:class:`ListParams` -> :class:`ListResult`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+OPEN: Final = "sessions.open"
+RUN: Final = "sessions.run"
+INTERRUPT: Final = "sessions.interrupt"
+CLOSE: Final = "sessions.close"
+LIST: Final = "sessions.list"
+
+NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
+"""What a session name looks like."""
+
+MAX_COMMAND: Final = 1024 * 1024
+"""Longest command text, in characters."""
+
+MAX_STDIN: Final = 16 * 1024 * 1024
+"""Largest ``stdin`` of one command."""
+
+MAX_ENV: Final = 4096
+MAX_ENV_NAME: Final = 4096
+MAX_ENV_VALUE: Final = 128 * 1024
+MAX_PATH: Final = 4096
+MAX_SECONDS: Final = 30 * 24 * 3600.0
+MAX_OUTPUT_CAP: Final = 2**40
+"""Schema bound of ``output_cap``; the daemon clamps it to its own limit."""
+
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME)]
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+SessionState = Literal["idle", "busy", "dead"]
+
+
+class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+    """Common configuration of every sessions message."""
+
+
+class OpenParams(_Message):
+    """Open a session whose shell starts in ``cwd`` with ``env`` added to the base environment."""
+
+    name: Name
+    cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
+    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+
+
+class SessionInfo(_Message):
+    """What is known about one session.
+
+    ``cwd`` is the shell's current working directory (physical path), absent
+    once it has ended. ``commands`` counts the commands run. For a dead
+    session, ``exit_code`` or ``signal`` tells how the shell ended.
+    """
+
+    name: str
+    pid: int
+    state: SessionState
+    created: float
+    cwd: str | None = None
+    commands: Count = 0
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+class RunParams(_Message):
+    """Run ``command`` in the session.
+
+    ``stdin`` bytes are the command's stdin (default ``/dev/null``).
+    ``timeout`` bounds its run (default none); ``kill_grace`` is the wait
+    after the interrupt before leftovers are killed (daemon default);
+    ``output_cap`` caps each output stream (daemon default and maximum).
+    """
+
+    name: Name
+    command: Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)]
+    stdin: Annotated[bytes, msgspec.Meta(max_length=MAX_STDIN)] | None = None
+    timeout: Seconds | None = None
+    kill_grace: Seconds | None = None
+    output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
+
+
+class RunResult(_Message):
+    """Outcome of one command.
+
+    ``exit_code`` is the command's exit status (130 after an interrupt);
+    when the command ended the shell, it is the shell's exit status, or
+    ``signal`` is the signal that killed the shell, and ``session_ended``
+    is set. ``cwd`` is the shell's working directory afterwards.
+    ``interrupted``: an interrupt (or the timeout) was sent; ``timed_out``:
+    the command ran past ``timeout``. ``stdout_dropped``/``stderr_dropped``
+    count bytes lost between head and tail. ``duration`` is in seconds.
+    """
+
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_dropped: Count = 0
+    stderr_dropped: Count = 0
+    cwd: str | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    session_ended: bool = False
+    duration: float = 0.0
+
+
+class InterruptParams(_Message):
+    """``sessions.interrupt``: SIGINT to the running command of a session."""
+
+    name: Name
+
+
+class InterruptResult(_Message):
+    """``sent`` is false when no command was running."""
+
+    sent: bool
+
+
+class CloseParams(_Message):
+    """``sessions.close``: kill the session and everything it started."""
+
+    name: Name
+
+
+class CloseResult(_Message):
+    """The session's last state, processes killed, and any marked process left alive."""
+
+    info: SessionInfo
+    killed: Count = 0
+    remaining: list[int] = msgspec.field(default_factory=list)
+
+
+class ListParams(_Message):
+    """``sessions.list`` takes no parameters."""
+
+
+class ListResult(_Message):
+    """Every session, in open order."""
+
+    sessions: list[SessionInfo]
