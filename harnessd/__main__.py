@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harnessd import cli_exec
+from harnessd import cli_agent, cli_exec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     cli_exec.add_parser(sub)
+    cli_agent.add_parsers(sub)
     return parser
 
 

@@ -144,6 +144,7 @@ class Connection:
         self._send_ended: set[StreamKey] = set()
         self._recv_ended: set[StreamKey] = set()
         self._negotiated: Negotiated | None = None
+        self._expect: type[Message] = Hello
 
     # -- public API ---------------------------------------------------------
 
@@ -358,6 +359,19 @@ class Connection:
             self._send_ended.discard(key)
             self._recv_ended.discard(key)
 
+    def _handshake_aborted(self, message: Message, events: list[ConnectionEvent]) -> bool:
+        """True when the peer aborted the handshake; raise if ``message`` is out of turn."""
+        if isinstance(message, Abort):
+            self.state = State.CLOSED
+            events.append(message)
+            return True
+        if not isinstance(message, self._expect):
+            raise UnexpectedMessage(
+                f"expected {self._expect.__name__} during the handshake, got "
+                f"{type(message).__name__}"
+            )
+        return False
+
     def _handle_common(self, message: Message, events: list[ConnectionEvent]) -> bool:
         """Ping, Pong and Abort behave alike in both roles; True if handled."""
         if isinstance(message, Ping):
@@ -459,15 +473,8 @@ class ClientConnection(Connection):
             raise UnexpectedMessage(f"a server does not send {type(message).__name__}")
 
     def _handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if isinstance(message, Abort):
-            self.state = State.CLOSED
-            events.append(message)
+        if self._handshake_aborted(message, events):
             return
-        if not isinstance(message, self._expect):
-            raise UnexpectedMessage(
-                f"expected {self._expect.__name__} during the handshake, got "
-                f"{type(message).__name__}"
-            )
         if isinstance(message, Challenge):
             if message.version not in limits.SUPPORTED_VERSIONS:
                 raise VersionMismatch(f"server chose unsupported version {message.version}")
@@ -589,15 +596,8 @@ class ServerConnection(Connection):
             raise UnexpectedMessage(f"a client does not send {type(message).__name__}")
 
     def _handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if isinstance(message, Abort):
-            self.state = State.CLOSED
-            events.append(message)
+        if self._handshake_aborted(message, events):
             return
-        if not isinstance(message, self._expect):
-            raise UnexpectedMessage(
-                f"expected {self._expect.__name__} during the handshake, got "
-                f"{type(message).__name__}"
-            )
         if isinstance(message, Hello):
             version = choose_version(message.versions)
             if version is None:
