@@ -143,6 +143,7 @@ class Connection:
         self._streams: dict[int, set[str]] = {}
         self._send_ended: set[StreamKey] = set()
         self._recv_ended: set[StreamKey] = set()
+        self._recv_seq: dict[StreamKey, int] = {}
         self._negotiated: Negotiated | None = None
         self._expect: type[Message] = Hello
 
@@ -214,6 +215,8 @@ class Connection:
         already finished (nothing more will come on it).
         """
         key = (call_id, stream)
+        if nbytes > limits.MAX_STREAM_WINDOW:
+            raise LocalProtocolError(f"a grant of {nbytes} bytes exceeds the largest window")
         if nbytes <= 0 or key not in self._recv_left or self.state is not State.OPEN:
             return b""
         self._recv_left[key] += nbytes
@@ -324,6 +327,12 @@ class Connection:
         key = (chunk.id, chunk.stream)
         if key in self._recv_ended:
             raise FlowControlViolation(f"chunk on stream {chunk.stream!r} after its end")
+        expected = self._recv_seq.get(key, 0)
+        if chunk.seq != expected:
+            raise InvalidMessage(
+                f"chunk {chunk.seq} on stream {chunk.stream!r} where {expected} was due"
+            )
+        self._recv_seq[key] = expected + 1
         left = self._recv_left.get(key)
         if left is None:
             names = self._streams.setdefault(chunk.id, set())
@@ -358,6 +367,7 @@ class Connection:
             self._recv_left.pop(key, None)
             self._send_ended.discard(key)
             self._recv_ended.discard(key)
+            self._recv_seq.pop(key, None)
 
     def _handshake_aborted(self, message: Message, events: list[ConnectionEvent]) -> bool:
         """True when the peer aborted the handshake; raise if ``message`` is out of turn."""

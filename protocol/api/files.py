@@ -30,6 +30,7 @@ MAX_LIST_LIMIT: Final = 10_000_000
 """Schema bound of ``files.list``'s ``limit``; the daemon clamps it further."""
 
 DATA_STREAM: Final = "data"
+"""Name of the stream that carries file content in both directions."""
 
 READ: Final = "files.read"
 WRITE: Final = "files.write"
@@ -40,7 +41,6 @@ REMOVE: Final = "files.remove"
 MOVE: Final = "files.move"
 CHMOD: Final = "files.chmod"
 SHA256: Final = "files.sha256"
-"""Name of the stream that carries file content in both directions."""
 
 PathStr = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
 Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]

@@ -1,0 +1,244 @@
+"""Test vectors of the handshake and of sealed frames, computed from fixed inputs.
+
+Every number in the TEST VECTORS section of PROTOCOL.md comes from here:
+``python -m protocol.vectors`` prints that section, and the unit tests check
+the spec's copy, the connection state machines and an independent
+recomputation against one another.
+
+The computation uses the protocol's building blocks directly (transcript,
+MACs, key derivation, framing, sealing) rather than the connection machines,
+so a machine that drifts from the building blocks shows up as a mismatch.
+Computing them performs no I/O; only :func:`main` writes (to stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from protocol import limits
+from protocol.aead import FrameSealer
+from protocol.codec import ENCODER, encode_message
+from protocol.framing import encode_frame, frame_header
+from protocol.handshake import (
+    Negotiated,
+    choose_cipher,
+    choose_version,
+    client_mac,
+    derive_keys,
+    server_mac,
+    transcript,
+)
+from protocol.messages import Auth, Challenge, Hello, Ping, Welcome
+
+#: Width, in hex digits, of one line of a wrapped value in the rendered spec.
+HEX_WIDTH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class VectorInputs:
+    """Everything a handshake depends on, fixed."""
+
+    name: str
+    token: bytes
+    client_nonce: bytes
+    server_nonce: bytes
+    offered_ciphers: tuple[str, ...]
+    server_ciphers: tuple[str, ...]
+    client_max_frame: int
+    client_window: int
+    server_max_frame: int
+    server_window: int
+    welcome_info: dict[str, str | int] = field(default_factory=dict)
+    ping_seq: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeVector:
+    """What the inputs produce: the agreed values, the secrets and the wire bytes."""
+
+    inputs: VectorInputs
+    version: int
+    cipher: str
+    transcript: bytes
+    client_mac: bytes
+    server_mac: bytes
+    key_client_to_server: bytes
+    key_server_to_client: bytes
+    hello_frame: bytes
+    challenge_frame: bytes
+    auth_frame: bytes
+    welcome_frame: bytes
+    ping_body: bytes
+    sealed_ping_frame: bytes
+
+
+_TOKEN = bytes(range(0x00, 0x20))
+_CLIENT_NONCE = bytes(range(0x40, 0x60))
+_SERVER_NONCE = bytes(range(0x80, 0xA0))
+_OFFERED = (limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20, limits.CIPHER_NONE)
+
+#: The fixed cases: one per AEAD cipher. Both offer the same list; in the
+#: second the server does not accept AES-GCM, so the client's next choice wins.
+CASES: tuple[VectorInputs, ...] = (
+    VectorInputs(
+        name=limits.CIPHER_AESGCM,
+        token=_TOKEN,
+        client_nonce=_CLIENT_NONCE,
+        server_nonce=_SERVER_NONCE,
+        offered_ciphers=_OFFERED,
+        server_ciphers=(limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20, limits.CIPHER_NONE),
+        client_max_frame=16 * 1024 * 1024,
+        client_window=1024 * 1024,
+        server_max_frame=8 * 1024 * 1024,
+        server_window=256 * 1024,
+        welcome_info={"server": "execd", "pid": 4242},
+    ),
+    VectorInputs(
+        name=limits.CIPHER_CHACHA20,
+        token=_TOKEN,
+        client_nonce=_CLIENT_NONCE,
+        server_nonce=_SERVER_NONCE,
+        offered_ciphers=_OFFERED,
+        server_ciphers=(limits.CIPHER_CHACHA20, limits.CIPHER_NONE),
+        client_max_frame=16 * 1024 * 1024,
+        client_window=1024 * 1024,
+        server_max_frame=8 * 1024 * 1024,
+        server_window=256 * 1024,
+        welcome_info={"server": "execd", "pid": 4242},
+    ),
+)
+
+
+def compute(inputs: VectorInputs) -> HandshakeVector:
+    """Run the handshake arithmetic for ``inputs`` and frame every message."""
+    version = choose_version(list(limits.SUPPORTED_VERSIONS))
+    cipher = choose_cipher(list(inputs.offered_ciphers), inputs.server_ciphers)
+    if version is None or cipher is None:
+        raise ValueError(f"vector {inputs.name!r} negotiates nothing")
+    negotiated = Negotiated(
+        version=version,
+        client_nonce=inputs.client_nonce,
+        server_nonce=inputs.server_nonce,
+        offered_ciphers=inputs.offered_ciphers,
+        cipher=cipher,
+        client_max_frame=inputs.client_max_frame,
+        server_max_frame=inputs.server_max_frame,
+        client_window=inputs.client_window,
+        server_window=inputs.server_window,
+    )
+    t = transcript(negotiated)
+    c_mac = client_mac(inputs.token, t)
+    s_mac = server_mac(inputs.token, t)
+    keys = derive_keys(inputs.token, t)
+    cap = limits.PREAUTH_MAX_FRAME
+    hello = Hello(
+        versions=list(limits.SUPPORTED_VERSIONS),
+        nonce=inputs.client_nonce,
+        ciphers=list(inputs.offered_ciphers),
+        max_frame=inputs.client_max_frame,
+        window=inputs.client_window,
+    )
+    challenge = Challenge(
+        version=version,
+        nonce=inputs.server_nonce,
+        cipher=cipher,
+        max_frame=inputs.server_max_frame,
+        window=inputs.server_window,
+    )
+    welcome = Welcome(mac=s_mac, info=dict(inputs.welcome_info))
+    ping_body = encode_message(Ping(seq=inputs.ping_seq))
+    if cipher == limits.CIPHER_NONE:
+        sealed = frame_header(len(ping_body)) + ping_body
+    else:
+        header = frame_header(len(ping_body) + limits.AEAD_TAG_SIZE)
+        sealed = header + FrameSealer(cipher, keys.client_to_server).seal(header, ping_body)
+    return HandshakeVector(
+        inputs=inputs,
+        version=version,
+        cipher=cipher,
+        transcript=t,
+        client_mac=c_mac,
+        server_mac=s_mac,
+        key_client_to_server=keys.client_to_server,
+        key_server_to_client=keys.server_to_client,
+        hello_frame=bytes(encode_frame(ENCODER, hello, cap)),
+        challenge_frame=bytes(encode_frame(ENCODER, challenge, cap)),
+        auth_frame=bytes(encode_frame(ENCODER, Auth(mac=c_mac), cap)),
+        welcome_frame=bytes(encode_frame(ENCODER, welcome, cap)),
+        ping_body=ping_body,
+        sealed_ping_frame=sealed,
+    )
+
+
+def all_vectors() -> list[HandshakeVector]:
+    """One computed vector per entry of :data:`CASES`."""
+    return [compute(case) for case in CASES]
+
+
+def _hex_lines(label: str, value: bytes) -> list[str]:
+    text = value.hex()
+    if len(text) <= HEX_WIDTH:
+        return [f"{label}: {text}"]
+    lines = [f"{label}:"]
+    lines.extend("    " + text[i : i + HEX_WIDTH] for i in range(0, len(text), HEX_WIDTH))
+    return lines
+
+
+def vector_fields(vector: HandshakeVector) -> list[tuple[str, bytes | str | int]]:
+    """The labelled values of one vector, in the order the spec lists them."""
+    inp = vector.inputs
+    return [
+        ("case", inp.name),
+        ("token", inp.token),
+        ("client nonce", inp.client_nonce),
+        ("server nonce", inp.server_nonce),
+        ("offered ciphers", ",".join(inp.offered_ciphers)),
+        ("server accepts", ",".join(inp.server_ciphers)),
+        ("client max_frame", inp.client_max_frame),
+        ("client window", inp.client_window),
+        ("server max_frame", inp.server_max_frame),
+        ("server window", inp.server_window),
+        ("welcome info", json.dumps(inp.welcome_info)),
+        ("chosen version", vector.version),
+        ("chosen cipher", vector.cipher),
+        ("transcript", vector.transcript),
+        ("client mac", vector.client_mac),
+        ("server mac", vector.server_mac),
+        ("key client->server", vector.key_client_to_server),
+        ("key server->client", vector.key_server_to_client),
+        ("hello frame", vector.hello_frame),
+        ("challenge frame", vector.challenge_frame),
+        ("auth frame", vector.auth_frame),
+        ("welcome frame", vector.welcome_frame),
+        (f"ping(seq={inp.ping_seq}) body", vector.ping_body),
+        (f"sealed ping(seq={inp.ping_seq}) frame, counter 0", vector.sealed_ping_frame),
+    ]
+
+
+def render(vectors: Sequence[HandshakeVector]) -> str:
+    """The spec's vector blocks: one fenced block per vector, values in hex."""
+    out: list[str] = []
+    for vector in vectors:
+        out.append("```text")
+        for label, value in vector_fields(vector):
+            if isinstance(value, bytes):
+                out.extend(_hex_lines(label, value))
+            else:
+                out.append(f"{label}: {value}")
+        out.append("```")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the vector blocks for PROTOCOL.md."""
+    del argv
+    sys.stdout.write(render(all_vectors()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
