@@ -535,13 +535,19 @@ class RunningCommand:
         return self.handle.id
 
     async def output(self) -> AsyncIterator[tuple[str, bytes]]:
-        """``(stream name, bytes)`` pairs from stdout and stderr, as they arrive."""
+        """``(stream name, bytes)`` pairs from stdout and stderr, as they arrive.
+
+        Raises ConnectionLost when the connection is lost before both streams ended.
+        """
         queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=64)
+        failures: list[Exception] = []
 
         async def pump(name: str) -> None:
             try:
                 async for data in self.handle.stream(name):
                     await queue.put((name, data))
+            except Exception as exc:
+                failures.append(exc)
             finally:
                 await queue.put(None)
 
@@ -557,6 +563,8 @@ class RunningCommand:
                     open_streams -= 1
                     continue
                 yield item
+            if failures:
+                raise failures[0]
         finally:
             for task in tasks:
                 task.cancel()

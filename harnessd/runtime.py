@@ -16,6 +16,14 @@ An embedding framework can pass its own object instead; it only has to
 provide the four coroutines of :class:`Runtime`. Secrets travel as file
 content (``write_file`` data, on stdin for wrapped commands), never in argv or
 in the environment.
+
+Both built-ins run their commands with a scrubbed copy of harnessd's
+environment (:func:`workspace_environment`): the token variable and every
+variable whose name looks like a credential (``*API_KEY*``, ``*TOKEN*``,
+``*SECRET*``, ``*PASSWORD*``, ...) are dropped, so a prefix that keeps the
+environment (``ip netns exec``, ``setpriv``, ``sudo -E``) does not hand the
+model's credentials to the workspace. Pass ``env=`` for full control and
+``scrub=`` to drop more names.
 """
 
 from __future__ import annotations
@@ -24,11 +32,12 @@ import asyncio
 import contextlib
 import os
 import posixpath
+import re
 import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -109,9 +118,27 @@ class Runtime(Protocol):
     ) -> None: ...
 
 
-def _child_env() -> dict[str, str]:
-    """This process's environment without the token variable."""
-    return {name: value for name, value in os.environ.items() if name != TOKEN_VAR}
+CREDENTIAL_NAME = re.compile(
+    r"API_?KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE_?KEY|ACCESS_?KEY|AUTH", re.IGNORECASE
+)
+"""Variable names that look like credentials; dropped from the workspace environment."""
+
+
+def workspace_environment(
+    base: Mapping[str, str] | None = None, *, scrub: Iterable[str] = ()
+) -> dict[str, str]:
+    """``base`` (default: this process's environment) without anything secret.
+
+    Drops the token variable, every name in ``scrub``, and every name matching
+    :data:`CREDENTIAL_NAME`.
+    """
+    source = os.environ if base is None else base
+    drop = {TOKEN_VAR, *scrub}
+    return {
+        name: value
+        for name, value in source.items()
+        if name not in drop and not CREDENTIAL_NAME.search(name)
+    }
 
 
 def _describe(argv: Sequence[str]) -> str:
@@ -159,12 +186,13 @@ async def run_process(
     stdin: bytes | None = None,
     timeout: float | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    env: Mapping[str, str] | None = None,
 ) -> CommandResult:
     """Run ``argv`` on this machine to completion (the body of :meth:`LocalRuntime.run`).
 
     The command leads its own session; on timeout or cancellation its whole
-    process group is killed. The environment is this process's, minus the
-    token variable.
+    process group is killed. The environment is ``env``, by default
+    :func:`workspace_environment`.
     """
     if not argv:
         raise WorkspaceError("cannot run an empty argv")
@@ -175,7 +203,7 @@ async def run_process(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            env=_child_env(),
+            env=dict(env) if env is not None else workspace_environment(),
         )
     except OSError as exc:
         raise WorkspaceError(f"cannot start {_describe(argv)}: {exc.strerror or exc}") from None
@@ -203,7 +231,7 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _spawn_detached(argv: Sequence[str], log_path: str) -> None:
+def _spawn_detached(argv: Sequence[str], log_path: str, env: Mapping[str, str]) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     log_fd = os.open(log_path, flags, 0o600)
     try:
@@ -214,7 +242,7 @@ def _spawn_detached(argv: Sequence[str], log_path: str) -> None:
             stderr=log_fd,
             start_new_session=True,
             close_fds=True,
-            env=_child_env(),
+            env=dict(env),
         )
     finally:
         os.close(log_fd)
@@ -270,8 +298,15 @@ class LocalRuntime:
     ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600 from the first instant.
     """
 
-    def __init__(self, *, max_output: int = DEFAULT_MAX_OUTPUT) -> None:
+    def __init__(
+        self,
+        *,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        env: Mapping[str, str] | None = None,
+        scrub: Iterable[str] = (),
+    ) -> None:
         self.max_output = max_output
+        self.env = workspace_environment(env, scrub=scrub)
 
     def __repr__(self) -> str:
         return "LocalRuntime()"
@@ -284,14 +319,16 @@ class LocalRuntime:
         timeout: float | None = None,
     ) -> CommandResult:
         """Run ``argv`` here to completion; see :class:`Runtime`."""
-        return await run_process(argv, stdin=stdin, timeout=timeout, max_output=self.max_output)
+        return await run_process(
+            argv, stdin=stdin, timeout=timeout, max_output=self.max_output, env=self.env
+        )
 
     async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
         """Start ``argv`` detached, output appended to ``log_path``; see :class:`Runtime`."""
         if not argv:
             raise WorkspaceError("cannot start an empty argv")
         try:
-            await asyncio.to_thread(_spawn_detached, argv, log_path)
+            await asyncio.to_thread(_spawn_detached, argv, log_path, self.env)
         except OSError as exc:
             raise WorkspaceError(f"cannot start {_describe(argv)}: {exc.strerror or exc}") from None
 
@@ -357,12 +394,15 @@ class CommandPrefixRuntime:
         *,
         quote_for_remote_shell: bool = False,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        env: Mapping[str, str] | None = None,
+        scrub: Iterable[str] = (),
     ) -> None:
         if isinstance(prefix, str) or not all(isinstance(part, str) for part in prefix):
             raise TypeError("prefix must be a sequence of strings")
         self.prefix = list(prefix)
         self.quote_for_remote_shell = quote_for_remote_shell
         self.max_output = max_output
+        self.env = workspace_environment(env, scrub=scrub)
 
     def __repr__(self) -> str:
         return f"CommandPrefixRuntime({self.prefix!r})"
@@ -383,7 +423,7 @@ class CommandPrefixRuntime:
         if not argv:
             raise WorkspaceError("cannot run an empty argv")
         return await run_process(
-            self.wrap(argv), stdin=stdin, timeout=timeout, max_output=self.max_output
+            self.wrap(argv), stdin=stdin, timeout=timeout, max_output=self.max_output, env=self.env
         )
 
     async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
@@ -400,7 +440,7 @@ class CommandPrefixRuntime:
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
         """The content of ``path`` via ``cat``; see :class:`Runtime`."""
         result = await run_process(
-            self.wrap(["cat", "--", path]), max_output=max_bytes, timeout=None
+            self.wrap(["cat", "--", path]), max_output=max_bytes, timeout=None, env=self.env
         )
         if result.exit_code != 0:
             raise WorkspaceError(f"cannot read {path}: {_stderr_text(result)}")
