@@ -122,6 +122,37 @@ def _typed_errors(path: str | None = None) -> Iterator[None]:
         raise from_oserror(exc, path) from None
 
 
+def _read_unit(
+    fd: int, want: int, position: int, hasher: hashlib._Hash | None
+) -> tuple[bytes, bool]:
+    """Up to ``want`` bytes at ``position``, and whether the end of the file was seen.
+
+    A short read is followed by another at once, in the same worker-thread
+    unit: for a regular file it comes back empty and proves the end (the
+    common case costs no further trip to a thread); a pseudo-file that hands
+    out its content piecemeal is read on until ``want`` bytes or its end.
+    """
+    pieces: list[bytes] = []
+    got = 0
+    while got < want:
+        data = fsops.read_block(fd, want - got, position + got, hasher)
+        if not data:
+            return b"".join(pieces), True
+        pieces.append(data)
+        got += len(data)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces), False
+
+
+def _write_whole(sink: fsops.FileSink, data: bytes, expected_size: int | None) -> None:
+    """Open, fill and commit ``sink`` with ``data`` of at most one block: one thread unit."""
+    sink.open()
+    if expected_size is not None:
+        sink.preallocate(expected_size)
+    if data:
+        sink.write(data)
+    sink.commit()
+
+
 async def _close_stream(stream: AsyncIterator[bytes]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
@@ -196,12 +227,13 @@ class FilesCapability:
                 want = min(want, params.length - total)
             if want <= 0:
                 break
-            block = await run_blocking(
-                functools.partial(fsops.read_block, fd, want, position, hasher)
+            block, at_end = await run_blocking(
+                functools.partial(_read_unit, fd, want, position, hasher)
             )
             if not block:
                 hit_eof = True
                 break
+            hit_eof = at_end
             total += len(block)
             position += len(block)
             if params.max_bytes is not None and total > params.max_bytes:
@@ -211,12 +243,14 @@ class FilesCapability:
                 )
             if streaming:
                 await ctx.send(DATA_STREAM, block)
-                continue
-            held.append(block)
-            if total > inline_limit:
-                streaming = True
-                while held:
-                    await ctx.send(DATA_STREAM, held.pop(0))
+            else:
+                held.append(block)
+                if total > inline_limit:
+                    streaming = True
+                    while held:
+                        await ctx.send(DATA_STREAM, held.pop(0))
+            if at_end:
+                break
         if streaming:
             await ctx.send(DATA_STREAM, b"", end=True)
         return ReadResult(
@@ -263,6 +297,15 @@ class FilesCapability:
         committed = False
         try:
             with _typed_errors(path):
+                if params.data is not None and len(params.data) <= fsops.BLOCK:
+                    # Small content: open, write and commit in one trip to a thread.
+                    await run_blocking(
+                        functools.partial(_write_whole, sink, params.data, params.expected_size)
+                    )
+                    committed = True
+                    return WriteResult(
+                        size=sink.size, sha256=sink.hexdigest() if params.checksum else None
+                    )
                 await run_blocking(sink.open)
                 if params.expected_size is not None:
                     await run_blocking(functools.partial(sink.preallocate, params.expected_size))
@@ -300,6 +343,10 @@ class FilesCapability:
                         f"stream carried more than expected_size={expected_size} bytes",
                         {"expected_size": expected_size, "received": received},
                     )
+                if not pending and len(chunk) >= fsops.BLOCK:
+                    # A whole block already: write it as it is, without a copy.
+                    await run_blocking(functools.partial(sink.write, chunk))
+                    continue
                 pending += chunk
                 if len(pending) >= fsops.BLOCK:
                     block, pending = pending, bytearray()

@@ -25,7 +25,6 @@ cleans up by marker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 import logging
@@ -40,7 +39,7 @@ from execd.context import ConnectionLost, Method
 from execd.errors import Cancelled, ExecdError, InvalidParams, UnknownMethod
 from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
-from protocol.codec import from_raw, to_raw
+from protocol.codec import ENCODER, to_raw
 from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
 from protocol.errors import ErrorCode
 from protocol.messages import Abort, Call, Cancel, Error, Event, Reply
@@ -122,6 +121,7 @@ class ServerProtocol(FramedProtocol):
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._close_callbacks: list[Callable[[], Awaitable[None] | None]] = []
         self._deadline: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -196,18 +196,20 @@ class ServerProtocol(FramedProtocol):
             return
         params: Any
         try:
-            params = from_raw(call.params, method.params)
+            params = self.server.decoder(method).decode(call.params)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
-        task = asyncio.get_running_loop().create_task(self._run(call.id, method, params))
-        self._tasks[call.id] = task
+        # Named for the method: a fixed string costs nothing, a numbered name would.
+        self._tasks[call.id] = self._loop.create_task(
+            self._run(call.id, method, params), name=method.name
+        )
 
     async def _run(self, call_id: int, method: Method, params: Any) -> None:
         ctx = _CallContext(self, call_id)
         try:
             result = await method.handler(params, ctx)
-            payload = to_raw(result)
+            payload = msgspec.Raw(ENCODER.encode(result))
         except asyncio.CancelledError:
             self._tasks.pop(call_id, None)
             if not self.closed:
@@ -250,8 +252,9 @@ class ServerProtocol(FramedProtocol):
                 self._answer_error(call_id, ExecdError("result too large for one frame"))
             return
         self.drop_streams(call_id)
-        with contextlib.suppress(TransportClosed):
-            self.write(frame)
+        transport = self.transport
+        if not self.closed and transport is not None:
+            transport.write(frame)
 
 
 class Server:
@@ -270,6 +273,15 @@ class Server:
         self.stopping = asyncio.Event()
         self.host = config.host
         self.port = config.port
+        self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+
+    def decoder(self, method: Method) -> msgspec.msgpack.Decoder[Any]:
+        """The params decoder of ``method`` (made once, kept for the server's life)."""
+        decoder = self._decoders.get(method.name)
+        if decoder is None:
+            decoder = msgspec.msgpack.Decoder(method.params)
+            self._decoders[method.name] = decoder
+        return decoder
 
     async def start(self) -> None:
         """Bind and listen; afterwards ``self.port`` is the port the kernel picked."""

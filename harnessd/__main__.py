@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harnessd import cli_agent, cli_exec
+from harnessd import cli_agent, cli_bench, cli_exec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     cli_exec.add_parser(sub)
     cli_agent.add_parsers(sub)
+    cli_bench.add_parser(sub)
     return parser
 
 

@@ -1,10 +1,11 @@
 """The async client of execd: connect, call, stream, cancel.
 
 Three layers, as in the daemon: the sans-I/O :class:`~protocol.connection.
-ClientConnection`, the asyncio glue :class:`ClientProtocol` (a plain
-``asyncio.Protocol``, so the hot path costs one callback per read, under
-uvloop or the default loop), and the user API :class:`Client`, whose typed
-methods per capability live in :mod:`harnessd.api`.
+ClientConnection`, the asyncio glue :class:`ClientProtocol` (an
+``asyncio.BufferedProtocol`` receiving in place, so the hot path costs two
+small callbacks per read, under uvloop or the default loop), and the user API
+:class:`Client`, whose typed methods per capability live in
+:mod:`harnessd.api`.
 
 Example::
 
@@ -57,18 +58,14 @@ class ClientProtocol(FramedProtocol):
         super().__init__(conn)
         self.client_conn = conn
         loop = asyncio.get_running_loop()
+        self.loop = loop
         self.ready: asyncio.Future[HandshakeComplete] = loop.create_future()
         self.pending: dict[int, asyncio.Future[Reply | Error]] = {}
         self.subscriptions: dict[int, asyncio.Queue[Event | None]] = {}
         # Events may arrive before the reply that names their topic; keep a few.
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
-        self.last_received = time.monotonic()
         self.lost: BaseException | None = None
-
-    def data_received(self, data: bytes) -> None:
-        self.last_received = time.monotonic()
-        super().data_received(data)
 
     def handle_event(self, event: ConnectionEvent) -> None:
         if isinstance(event, Reply | Error):
@@ -181,9 +178,7 @@ class CallHandle:
         """Ask execd to cancel the call; its answer will be a Cancelled error."""
         if self._future.done():
             return
-        with contextlib.suppress(ConnectionLost, TransportClosed, Exception):
-            proto = self._client._proto
-            proto.write(proto.conn.send(Cancel(id=self.id)))
+        self._client._send_cancel(self.id)
 
     @property
     def done(self) -> bool:
@@ -215,15 +210,7 @@ class Client:
 
     def start(self, method: str, params: Any = None) -> CallHandle:
         """Send a call and return its handle without waiting."""
-        proto = self._proto
-        if proto.closed:
-            raise proto.lost or ConnectionLost("connection to execd closed")
-        call_id = next(self._ids)
-        raw = _EMPTY_PARAMS if params is None else to_raw(params)
-        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
-        future: asyncio.Future[Reply | Error] = asyncio.get_running_loop().create_future()
-        proto.pending[call_id] = future
-        proto.write(frame)
+        call_id, future = self._send_call(method, params)
         return CallHandle(self, call_id, future)
 
     @overload
@@ -233,9 +220,26 @@ class Client:
     async def call(self, method: str, params: Any, type: type[T]) -> T: ...
 
     async def call(self, method: str, params: Any = None, type: Any = Any) -> Any:
-        """Call ``method`` and return its result decoded as ``type``."""
-        handle = self.start(method, params)
-        return await handle.result(type)
+        """Call ``method`` and return its result decoded as ``type``.
+
+        The same as ``await self.start(method, params).result(type)`` without
+        the handle: nothing else can wait on this call's future, so it is
+        awaited directly (no shield, no extra trip through the event loop).
+        """
+        call_id, future = self._send_call(method, params)
+        try:
+            answer = await future
+        except asyncio.CancelledError:
+            # Still pending means no answer came: cancel the call in execd too.
+            if self._proto.pending.get(call_id) is future:
+                self._send_cancel(call_id)
+            raise
+        if isinstance(answer, Reply):
+            try:
+                return from_raw(answer.result, type)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
+        return self._unpack(answer, type)
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
@@ -266,6 +270,25 @@ class Client:
         await self.close()
 
     # -- internals -------------------------------------------------------------
+
+    def _send_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Reply | Error]]:
+        """Frame and send a Call; return its id and the future of its answer."""
+        proto = self._proto
+        if proto.closed:
+            raise proto.lost or ConnectionLost("connection to execd closed")
+        call_id = next(self._ids)
+        raw = _EMPTY_PARAMS if params is None else to_raw(params)
+        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
+        future: asyncio.Future[Reply | Error] = proto.loop.create_future()
+        proto.pending[call_id] = future
+        proto.write(frame)
+        return call_id, future
+
+    def _send_cancel(self, call_id: int) -> None:
+        """Ask execd to cancel a call in flight (nothing happens if it cannot be sent)."""
+        with contextlib.suppress(ConnectionLost, TransportClosed, Exception):
+            proto = self._proto
+            proto.write(proto.conn.send(Cancel(id=call_id)))
 
     def _unpack(self, answer: Reply | Error, type: Any) -> Any:
         if isinstance(answer, Error):

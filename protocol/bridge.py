@@ -1,7 +1,8 @@
 """The one module that glues the sans-I/O state machines to asyncio.
 
-:class:`FramedProtocol` is an ``asyncio.Protocol`` (so the hot data path runs
-on the event loop's transports, uvloop's or plain asyncio's) that drives a
+:class:`FramedProtocol` is an ``asyncio.BufferedProtocol`` (so the hot data
+path runs on the event loop's transports, uvloop's or plain asyncio's, and
+receives in place into the connection's buffer) that drives a
 :class:`~protocol.connection.Connection`. It owns what a state machine cannot:
 the transport's write backpressure, waiting for stream credit, and the
 buffers of inbound streams. Roles subclass it and implement
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Final, cast
 
@@ -29,6 +31,12 @@ from protocol.messages import Chunk, Credit
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INBOUND_BUFFER: Final = 64 * 1024 * 1024
+#: Largest chunk :meth:`FramedProtocol.send_stream` puts in one frame, and the
+#: smallest share of the peer's window it aims for. Several chunks fit in a
+#: window, so the peer grants credit for the first while the next are on the
+#: way: the two ends work at once instead of taking turns.
+STREAM_CHUNK: Final = 1024 * 1024
+MIN_STREAM_CHUNK: Final = 64 * 1024
 
 
 class TransportClosed(Exception):
@@ -92,8 +100,14 @@ class InboundStream:
             yield data
 
 
-class FramedProtocol(asyncio.Protocol):
-    """Base asyncio protocol for both roles."""
+class FramedProtocol(asyncio.BufferedProtocol):
+    """Base asyncio protocol for both roles.
+
+    A ``BufferedProtocol``: the transport receives straight into the buffer
+    the connection offers (:meth:`Connection.get_buffer`), so the body of a
+    large frame is copied by the kernel only. :meth:`data_received` takes
+    bytes the same way for callers that have them in hand.
+    """
 
     def __init__(
         self, conn: Connection, *, max_inbound_buffer: int = DEFAULT_MAX_INBOUND_BUFFER
@@ -109,6 +123,8 @@ class FramedProtocol(asyncio.Protocol):
         self._seq: dict[StreamKey, int] = {}
         self.closed = False
         self.close_reason: BaseException | None = None
+        #: ``time.monotonic()`` of the latest bytes received.
+        self.last_received = time.monotonic()
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -117,7 +133,24 @@ class FramedProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self._flush_outbox()
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_received = time.monotonic()
+        if self.closed:
+            return
+        try:
+            events = self.conn.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self._flush_outbox()
+            self.abort(exc)
+            return
+        self._dispatch(events)
+
     def data_received(self, data: bytes) -> None:
+        """Take received bytes that are not in the connection's buffer."""
+        self.last_received = time.monotonic()
         if self.closed:
             return
         try:
@@ -126,17 +159,24 @@ class FramedProtocol(asyncio.Protocol):
             self._flush_outbox()
             self.abort(exc)
             return
-        self._flush_outbox()
+        self._dispatch(events)
+
+    def _dispatch(self, events: list[ConnectionEvent]) -> None:
+        conn = self.conn
+        out = conn.data_to_send()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out)
         for event in events:
-            if isinstance(event, Chunk):
-                self._on_chunk(event)
-            elif isinstance(event, Credit):
-                self._on_credit(event)
+            kind = type(event)
+            if kind is Chunk:
+                self._on_chunk(cast(Chunk, event))
+            elif kind is Credit:
+                self._on_credit(cast(Credit, event))
             else:
                 self.handle_event(event)
             if self.closed:
                 return
-        if self.conn.state is State.CLOSED and not self.closed:
+        if conn.state is State.CLOSED and not self.closed:
             self.abort(None)
 
     def eof_received(self) -> bool | None:
@@ -187,30 +227,33 @@ class FramedProtocol(asyncio.Protocol):
             raise TransportClosed("the connection is closed")
 
     async def send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
-        """Send ``data`` on a stream in chunks, waiting for credit and drain."""
+        """Send ``data`` on a stream in chunks, waiting for credit and drain.
+
+        Chunks are at most :data:`STREAM_CHUNK` bytes and at most a quarter of
+        the peer's window (but not under :data:`MIN_STREAM_CHUNK`), and carry
+        views of ``data``: the bytes are copied once, into the frame.
+        """
         key = (call_id, stream)
         view = memoryview(data)
         offset = 0
         total = len(data)
+        conn = self.conn
+        step = min(STREAM_CHUNK, max(MIN_STREAM_CHUNK, conn.peer_window // 4), conn.max_chunk)
         while True:
             if self.closed:
                 raise TransportClosed("the connection is closed")
             remaining = total - offset
-            credit = self.conn.stream_credit(call_id, stream)
+            credit = conn.stream_credit(call_id, stream)
             if remaining and credit <= 0:
                 await self._wait_credit(key)
                 continue
-            size = min(remaining, credit, self.conn.max_chunk)
+            size = min(remaining, credit, step)
             last = offset + size >= total
             seq = self._seq.get(key, 0)
             self._seq[key] = seq + 1
-            chunk = Chunk(
-                id=call_id,
-                stream=stream,
-                seq=seq,
-                data=bytes(view[offset : offset + size]) if size != total else data,
-                end=end and last,
-            )
+            # A view is encoded as msgpack bin exactly as bytes are.
+            piece: bytes = data if size == total else cast(bytes, view[offset : offset + size])
+            chunk = Chunk(id=call_id, stream=stream, seq=seq, data=piece, end=end and last)
             self.write(self.conn.send(chunk))
             offset += size
             if self._paused:
@@ -265,6 +308,8 @@ class FramedProtocol(asyncio.Protocol):
 
     def drop_streams(self, call_id: int) -> None:
         """Forget every stream buffer and credit waiter of a finished call."""
+        if not (self._inbound or self._credit_waiters or self._seq):
+            return
         for key in [k for k in self._inbound if k[0] == call_id]:
             entry = self._inbound.pop(key)
             self._inbound_total -= entry.buffered

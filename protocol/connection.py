@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import enum
 import secrets
+import struct
 from dataclasses import dataclass, field
+from typing import Final
 
 from protocol import limits
 from protocol.aead import FrameOpener, FrameSealer
@@ -87,6 +89,8 @@ from protocol.messages import (
     Reply,
     Welcome,
 )
+
+_HEADER: Final = struct.Struct(">I")
 
 
 class State(enum.Enum):
@@ -162,6 +166,8 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Bytes the machine produced on its own since the last call."""
+        if not self._outbox:
+            return b""
         out = bytes(self._outbox)
         self._outbox.clear()
         return out
@@ -175,15 +181,45 @@ class Connection:
         if self.state is State.CLOSED:
             return []
         self._reader.feed(data)
+        return self._process()
+
+    def get_buffer(self) -> memoryview:
+        """Where to receive the next bytes in place (``recv_into``); never empty.
+
+        Follow with :meth:`buffer_updated`: together they are
+        :meth:`receive_data` without the copy of large frame bodies.
+        """
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> list[ConnectionEvent]:
+        """``nbytes`` arrived in the buffer of :meth:`get_buffer`; return the events completed.
+
+        Raises ProtocolError exactly as :meth:`receive_data` does.
+        """
+        if self.state is State.CLOSED:
+            return []
+        self._reader.buffer_updated(nbytes)
+        return self._process()
+
+    def _process(self) -> list[ConnectionEvent]:
+        reader = self._reader
         events: list[ConnectionEvent] = []
         try:
-            while self._still_open():
-                body = self._reader.next_frame()
-                if body is None:
+            # A frame may close the connection: look at the state before each.
+            while self.state is not State.CLOSED:
+                frame = reader.next_frame()
+                if frame is None:
                     break
+                body = frame
                 if self._opener is not None:
-                    body = self._opener.open(frame_header(len(body)), body)
-                self._handle(decode_message(body), events)
+                    body = self._opener.open(frame_header(len(frame)), frame)
+                message = decode_message(body)
+                if body is not frame or type(message) is Chunk:
+                    # Nothing refers to the received buffer any more: a
+                    # Chunk's data is a copy (only Raw payloads point into
+                    # the buffer they were decoded from).
+                    reader.recycle(frame)
+                self._handle(message, events)
         except ProtocolError as exc:
             self._fail(exc)
             raise
@@ -234,9 +270,6 @@ class Connection:
         self.state = State.CLOSED
         return out
 
-    def _still_open(self) -> bool:
-        return self.state is not State.CLOSED
-
     # -- role hooks ---------------------------------------------------------
 
     def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
@@ -252,7 +285,16 @@ class Connection:
 
     def _frame(self, message: Message) -> bytes | bytearray:
         if self._sealer is None:
-            return encode_frame(ENCODER, message, self.peer_max_frame)
+            # encode_frame, inlined: this runs for every message sent.
+            buf = bytearray(limits.HEADER_SIZE)
+            ENCODER.encode_into(message, buf, limits.HEADER_SIZE)
+            length = len(buf) - limits.HEADER_SIZE
+            if length > self.peer_max_frame:
+                raise LocalProtocolError(
+                    f"frame body of {length} bytes exceeds the peer's cap of {self.peer_max_frame}"
+                )
+            _HEADER.pack_into(buf, 0, length)
+            return buf
         body = ENCODER.encode(message)
         length = len(body) + limits.AEAD_TAG_SIZE
         if length > self.peer_max_frame:
@@ -439,6 +481,16 @@ class ClientConnection(Connection):
         self._next_id += 1
         return call_id
 
+    def send(self, message: Message) -> bytes | bytearray:
+        if type(message) is Call and self.state is State.OPEN:
+            # The path of every call: _check_send and _commit_send inlined.
+            if message.id in self._pending:
+                raise LocalProtocolError(f"call id {message.id} is already in flight")
+            frame = self._frame(message)
+            self._pending.add(message.id)
+            return frame
+        return super().send(message)
+
     def _check_send(self, message: Message) -> None:
         if isinstance(message, Call):
             if message.id in self._pending:
@@ -464,10 +516,12 @@ class ClientConnection(Connection):
             self._handshake(message, events)
             return
         if isinstance(message, Reply | Error):
-            if message.id not in self._pending:
-                raise UnexpectedMessage(f"answer to call {message.id}, which is not in flight")
-            self._pending.discard(message.id)
-            self._finish_call(message.id)
+            call_id = message.id
+            if call_id not in self._pending:
+                raise UnexpectedMessage(f"answer to call {call_id}, which is not in flight")
+            self._pending.discard(call_id)
+            if call_id in self._streams:
+                self._finish_call(call_id)
             events.append(message)
         elif isinstance(message, Chunk):
             if message.id in self._pending:
@@ -554,6 +608,19 @@ class ServerConnection(Connection):
     def open_calls(self) -> int:
         """Calls received and not yet answered."""
         return len(self._open_calls)
+
+    def send(self, message: Message) -> bytes | bytearray:
+        if (type(message) is Reply or type(message) is Error) and self.state is State.OPEN:
+            # The path of every answer: _check_send and _commit_send inlined.
+            call_id = message.id
+            if call_id not in self._open_calls:
+                raise LocalProtocolError(f"no call {call_id} open to answer")
+            frame = self._frame(message)
+            self._open_calls.discard(call_id)
+            if call_id in self._streams:
+                self._finish_call(call_id)
+            return frame
+        return super().send(message)
 
     def _check_send(self, message: Message) -> None:
         if isinstance(message, Reply | Error):

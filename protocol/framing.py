@@ -12,6 +12,16 @@ handshake. A header that declares more than the current cap raises
 buffered; after every pull the buffer holds at most one partial frame, so it
 never exceeds header + cap.
 
+Bytes can also be received in place, for ``recv_into`` (asyncio's
+``BufferedProtocol``): :meth:`FrameReader.get_buffer` says where the next
+bytes should go and :meth:`FrameReader.buffer_updated` takes note of how
+many arrived. While a large body (64 KiB or more) is being filled, that is
+the rest of the body itself, so its bytes are copied by the kernel only;
+otherwise it is a small scratch area whose bytes are fed as by :meth:`feed`.
+A caller done with a large body hands it back with :meth:`FrameReader.recycle`
+and the next body of the same size is received into it (stream chunks mostly
+have one size), sparing an allocation and its zero-fill per frame.
+
 :func:`encode_frame` writes the header in place in front of the msgpack body
 (``msgspec.Encoder.encode_into`` at offset 4), so the body is never copied.
 """
@@ -29,19 +39,56 @@ from protocol.errors import FrameTooLarge, LocalProtocolError
 _HEADER: Final = struct.Struct(">I")
 _COMPACT_AT: Final = 256 * 1024
 _PREALLOCATE_AT: Final = 64 * 1024
+#: Size of the scratch area :meth:`FrameReader.get_buffer` offers between large bodies.
+SCRATCH_SIZE: Final = 64 * 1024
 
 
 class FrameReader:
     """Incremental frame splitter with a cap enforced from the header alone."""
 
-    __slots__ = ("_body", "_buf", "_filled", "_pos", "max_frame")
+    __slots__ = ("_body", "_buf", "_filled", "_pos", "_scratch", "_spare", "max_frame")
 
     def __init__(self, max_frame: int) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._body: bytearray | None = None
         self._filled = 0
+        self._scratch: memoryview | None = None
+        self._spare: bytearray | None = None
         self.max_frame = max_frame
+
+    def recycle(self, body: bytes | bytearray) -> None:
+        """Take back a large body returned by :meth:`next_frame` for reuse.
+
+        Only for a body nothing refers to any more (its content was copied
+        out); it will be overwritten by a later frame of the same size.
+        """
+        if type(body) is bytearray and len(body) >= _PREALLOCATE_AT:
+            self._spare = body
+
+    def get_buffer(self) -> memoryview:
+        """Where the next received bytes should be written (never empty).
+
+        The caller writes up to ``len()`` bytes into it, then calls
+        :meth:`buffer_updated` with the count before anything else touches
+        the reader.
+        """
+        body = self._body
+        if body is not None and self._filled < len(body):
+            return memoryview(body)[self._filled :]
+        scratch = self._scratch
+        if scratch is None:
+            scratch = self._scratch = memoryview(bytearray(SCRATCH_SIZE))
+        return scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written into the buffer :meth:`get_buffer` returned."""
+        body = self._body
+        if body is not None and self._filled < len(body):
+            self._filled += nbytes
+            return
+        assert self._scratch is not None, "buffer_updated without get_buffer"
+        self.feed(self._scratch[:nbytes])
 
     @property
     def buffered(self) -> int:
@@ -80,7 +127,13 @@ class FrameReader:
         pos = self._pos
         available = len(buf) - pos
         if available < limits.HEADER_SIZE:
-            self._maybe_compact()
+            if available == 0:
+                # Everything was handed out (the common case): start afresh.
+                if pos:
+                    buf.clear()
+                    self._pos = 0
+            else:
+                self._maybe_compact()
             return None
         (length,) = _HEADER.unpack_from(buf, pos)
         if length > self.max_frame:
@@ -94,7 +147,12 @@ class FrameReader:
                 # Allocate the whole body once and fill it as bytes arrive,
                 # instead of growing the buffer (and copying it) many times.
                 have = len(buf) - start
-                body = bytearray(length)
+                spare = self._spare
+                if spare is not None and len(spare) == length:
+                    # Every byte of it is overwritten before it is handed out.
+                    body, self._spare = spare, None
+                else:
+                    body = bytearray(length)
                 body[:have] = memoryview(buf)[start:]
                 self._body = body
                 self._filled = have
@@ -105,7 +163,11 @@ class FrameReader:
             return None
         with memoryview(buf) as view:
             frame = bytes(view[start:end])
-        self._pos = end
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
         return frame
 
     def _maybe_compact(self) -> None:

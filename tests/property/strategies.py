@@ -48,7 +48,7 @@ u32 = st.integers(min_value=0, max_value=limits.MAX_HEADER_VALUE)
 u63 = st.integers(min_value=0, max_value=limits.MAX_CALL_ID)
 names = st.text(min_size=1, max_size=24) | st.builds(
     lambda char, count: char * count,
-    st.characters(),
+    st.characters(exclude_categories=["Cs"]),
     st.integers(min_value=limits.MAX_NAME - 2, max_value=limits.MAX_NAME),
 )
 short_names = st.one_of(
@@ -57,7 +57,7 @@ short_names = st.one_of(
 )
 error_messages = st.text(max_size=100) | st.builds(
     lambda char, count: char * count,
-    st.characters(),
+    st.characters(exclude_categories=["Cs"]),
     st.integers(min_value=limits.MAX_ERROR_MESSAGE - 2, max_value=limits.MAX_ERROR_MESSAGE),
 )
 nonces = st.binary(min_size=limits.NONCE_SIZE, max_size=limits.NONCE_SIZE)

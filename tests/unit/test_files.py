@@ -294,7 +294,10 @@ def test_read_streams_when_content_exceeds_one_frame(tmp_path: Path) -> None:
 def test_read_max_bytes(tmp_path: Path) -> None:
     target = tmp_path / "m.bin"
     target.write_bytes(b"x" * 1000)
-    error = fails(TooLarge, CAP.read(ReadParams(checksum=True, path=str(target), max_bytes=999), LocalContext()))
+    error = fails(
+        TooLarge,
+        CAP.read(ReadParams(checksum=True, path=str(target), max_bytes=999), LocalContext()),
+    )
     assert error.data["size"] == 1000
     assert error.code == ErrorCode.TOO_LARGE
     # A range within the guard is fine.
@@ -342,7 +345,9 @@ def test_read_cancelled_while_waiting_for_credit_releases_the_file(tmp_path: Pat
     async def main() -> None:
         before = open_fds()
         ctx = StalledContext()
-        task = asyncio.create_task(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
+        task = asyncio.create_task(
+            CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx)
+        )
         await asyncio.wait_for(ctx.sending.wait(), 30)
         assert open_fds() == before + 1
         task.cancel()
@@ -374,7 +379,9 @@ def test_read_errors(tmp_path: Path) -> None:
     assert missing.data["errno"] == "ENOENT"
     assert str(tmp_path / "nope") in missing.message
     fails(IsADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path)), ctx))
-    fails(NotADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "file" / "x")), ctx))
+    fails(
+        NotADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "file" / "x")), ctx)
+    )
     fails(NotSupported, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "fifo")), ctx))
     fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=""), ctx))
     fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "a\x00b")), ctx))
@@ -471,7 +478,9 @@ def test_write_over_immutable_target_fails_cleanly(tmp_path: Path) -> None:
 
 def test_write_new_file_inline(tmp_path: Path) -> None:
     target = tmp_path / "new.txt"
-    result = run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"content"), LocalContext()))
+    result = run(
+        CAP.write(WriteParams(checksum=True, path=str(target), data=b"content"), LocalContext())
+    )
     assert target.read_bytes() == b"content"
     assert (result.size, result.sha256) == (7, sha(b"content"))
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~current_umask()
@@ -485,10 +494,16 @@ def test_write_atomic_preserves_mode_unless_given(tmp_path: Path) -> None:
     run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"new"), LocalContext()))
     assert target.read_bytes() == b"new"
     assert stat.S_IMODE(target.stat().st_mode) == 0o751
-    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"newer", mode=0o600), LocalContext()))
+    run(
+        CAP.write(
+            WriteParams(checksum=True, path=str(target), data=b"newer", mode=0o600), LocalContext()
+        )
+    )
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     fresh = tmp_path / "fresh"
-    run(CAP.write(WriteParams(checksum=True, path=str(fresh), data=b"", mode=0o640), LocalContext()))
+    run(
+        CAP.write(WriteParams(checksum=True, path=str(fresh), data=b"", mode=0o640), LocalContext())
+    )
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o640 and fresh.read_bytes() == b""
     assert leftovers(tmp_path, {"keep.sh", "fresh"}) == set()
 
@@ -515,7 +530,9 @@ def test_write_append(tmp_path: Path) -> None:
     assert (result.size, result.sha256) == (4, sha(b"two\n"))
     error = fails(
         InvalidParams,
-        CAP.write(WriteParams(checksum=True, path=str(target), data=b"x", append=True), LocalContext()),
+        CAP.write(
+            WriteParams(checksum=True, path=str(target), data=b"x", append=True), LocalContext()
+        ),
     )
     assert "atomic" in error.message
     assert target.read_bytes() == b"one\ntwo\n"
@@ -523,7 +540,9 @@ def test_write_append(tmp_path: Path) -> None:
 
 def test_write_create_parents(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "c.txt"
-    fails(NotFound, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x"), LocalContext()))
+    fails(
+        NotFound, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x"), LocalContext())
+    )
     assert not (tmp_path / "a").exists()
     params = WriteParams(checksum=True, path=str(target), data=b"x", create_parents=True)
     run(CAP.write(params, LocalContext()))
@@ -546,7 +565,10 @@ def test_write_errors(tmp_path: Path) -> None:
     ctx = LocalContext()
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_bytes(b"f")
-    fails(IsADirectory, CAP.write(WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x"), ctx))
+    fails(
+        IsADirectory,
+        CAP.write(WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x"), ctx),
+    )
     plain = WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x", atomic=False)
     fails(IsADirectory, CAP.write(plain, ctx))
     nested = str(tmp_path / "file" / "x")
@@ -575,7 +597,9 @@ def test_write_streamed_64_mib(tmp_path: Path) -> None:
     async def main() -> None:
         ctx = LocalContext()
         _feed(ctx, content, 64 * 1024)
-        params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=len(content))
+        params = WriteParams(
+            checksum=True, path=str(target), stream=True, expected_size=len(content)
+        )
         result = await CAP.write(params, ctx)
         assert (result.size, result.sha256) == (len(content), sha(content))
 
@@ -624,7 +648,9 @@ def test_write_cancelled_midway_leaves_target_intact(tmp_path: Path) -> None:
     async def main() -> None:
         ctx = LocalContext()
         _feed(ctx, b"n" * (3 * MiB), 64 * 1024, end=False)
-        task = asyncio.create_task(CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx))
+        task = asyncio.create_task(
+            CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx)
+        )
         # Wait until the temporary file holds data, i.e. the write is truly under way.
         for _ in range(3000):
             temps = leftovers(tmp_path, {"precious"})
@@ -649,7 +675,10 @@ def test_write_no_space_leaves_no_torn_file() -> None:
         target = where / "target"
         target.write_bytes(b"old")
         ctx = LocalContext()
-        error = fails(NoSpace, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x" * (2 * MiB)), ctx))
+        error = fails(
+            NoSpace,
+            CAP.write(WriteParams(checksum=True, path=str(target), data=b"x" * (2 * MiB)), ctx),
+        )
         assert error.data["errno"] == "ENOSPC"
         assert str(target) in error.message
         assert target.read_bytes() == b"old"
@@ -658,7 +687,9 @@ def test_write_no_space_leaves_no_torn_file() -> None:
         async def streamed(expected: int | None) -> None:
             stream_ctx = LocalContext()
             _feed(stream_ctx, b"y" * (2 * MiB), 64 * 1024)
-            params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=expected)
+            params = WriteParams(
+                checksum=True, path=str(target), stream=True, expected_size=expected
+            )
             with pytest.raises(NoSpace):
                 await CAP.write(params, stream_ctx)
 
@@ -673,7 +704,9 @@ def test_write_no_space_leaves_no_torn_file() -> None:
 def test_write_read_only_filesystem() -> None:
     with tmpfs("1m", "ro") as where:
         target = str(where / "x")
-        fails(ReadOnly, CAP.write(WriteParams(checksum=True, path=target, data=b"x"), LocalContext()))
+        fails(
+            ReadOnly, CAP.write(WriteParams(checksum=True, path=target, data=b"x"), LocalContext())
+        )
         fails(ReadOnly, CAP.mkdir(MkdirParams(path=target), LocalContext()))
 
 

@@ -1,0 +1,234 @@
+"""Rows, targets, machine facts, and the three outputs: markdown, JSON and a PNG plot.
+
+A :class:`Row` is one figure: its p50 and p99 in its unit, the keys of the
+baseline rows it is compared with (ratios are p50 over p50, computed by
+:func:`link_ratios`), and optionally a :class:`Target`. Rates (unit ending in
+``/s``) compare the other way round: their ratio is this rate over the
+baseline's, so 0.5 means half the baseline's throughput.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A goal for one figure: ``value`` (the compared quantity) against ``limit``."""
+
+    text: str
+    value: float
+    limit: float
+    higher_is_better: bool = False
+
+    @property
+    def met(self) -> bool:
+        """Whether the figure reaches its goal."""
+        if self.higher_is_better:
+            return self.value >= self.limit
+        return self.value <= self.limit
+
+    @property
+    def budget(self) -> float:
+        """How much of the allowance is used: at most 1.0 when met."""
+        if self.higher_is_better:
+            return self.limit / self.value if self.value > 0 else float("inf")
+        return self.value / self.limit if self.limit > 0 else float("inf")
+
+
+@dataclass(slots=True)
+class Row:
+    """One measured figure."""
+
+    key: str
+    section: str
+    label: str
+    unit: str
+    p50: float
+    p99: float
+    n: int
+    baselines: tuple[str, ...] = ()
+    short: str = ""
+    ratios: dict[str, float] = field(default_factory=dict)
+    target: Target | None = None
+    note: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def is_rate(self) -> bool:
+        """True for throughputs (higher is better)."""
+        return self.unit.endswith("/s")
+
+
+def link_ratios(rows: list[Row]) -> None:
+    """Fill every row's ``ratios`` from the p50 of the baseline rows it names."""
+    by_key = {row.key: row for row in rows}
+    for row in rows:
+        for key in row.baselines:
+            base = by_key.get(key)
+            if base is None or base.p50 == 0:
+                continue
+            row.ratios[key] = row.p50 / base.p50
+
+
+def machine_facts() -> dict[str, str]:
+    """Cores, CPU, kernel, Python and the versions of the libraries that matter."""
+    facts = {
+        "cores": str(os.cpu_count()),
+        "usable cores": str(len(os.sched_getaffinity(0))),
+        "cpu": _cpu_model(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+    }
+    for name in ("uvloop", "msgspec", "cryptography", "fastapi", "uvicorn", "httpx", "grpcio"):
+        try:
+            facts[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            facts[name] = "not installed"
+    return facts
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything one run produced."""
+
+    rows: list[Row]
+    facts: dict[str, str]
+    quick: bool
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: facts, settings and every row."""
+        rows = []
+        for row in self.rows:
+            item = asdict(row)
+            item["target"] = (
+                None
+                if row.target is None
+                else {**asdict(row.target), "met": row.target.met, "budget": row.target.budget}
+            )
+            rows.append(item)
+        return {
+            "facts": self.facts,
+            "quick": self.quick,
+            "seconds": self.seconds,
+            "started": self.started,
+            "notes": self.notes,
+            "rows": rows,
+        }
+
+    def to_markdown(self) -> str:
+        """The table, with the machine facts above it."""
+        facts = self.facts
+        lines = [
+            f"Machine: {facts.get('cores')} cores ({facts.get('cpu')}), Linux "
+            f"{facts.get('kernel')}, Python {facts.get('python')}, uvloop {facts.get('uvloop')}, "
+            f"msgspec {facts.get('msgspec')}; baselines: FastAPI {facts.get('fastapi')} on "
+            f"uvicorn {facts.get('uvicorn')} + httpx {facts.get('httpx')}, grpcio "
+            f"{facts.get('grpcio')}. {'Quick run' if self.quick else 'Full run'} in "
+            f"{self.seconds:.0f} s, everything on loopback.",
+            "",
+            "| figure | p50 | p99 | ratio (p50) | target | met |",
+            "| --- | ---: | ---: | --- | --- | :---: |",
+        ]
+        by_key = {row.key: row for row in self.rows}
+        section = None
+        for row in self.rows:
+            if row.section != section:
+                section = row.section
+                lines.append(f"| **{section}** | | | | | |")
+            ratios = ", ".join(
+                _ratio_text(row, by_key[key], value) for key, value in row.ratios.items()
+            )
+            target = row.target.text if row.target else ""
+            met = "" if row.target is None else ("met" if row.target.met else "**missed**")
+            label = row.label + (f" ({row.note})" if row.note else "")
+            lines.append(
+                f"| {label} | {_fmt(row.p50, row.unit)} | {_fmt(row.p99, row.unit)} | "
+                f"{ratios} | {target} | {met} |"
+            )
+        if self.notes:
+            lines.append("")
+            lines.extend(f"- {note}" for note in self.notes)
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: Path, *, plot: bool = True) -> list[Path]:
+        """Write bench.md, bench.json and (with matplotlib) bench.png; return the paths."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = [out_dir / "bench.md", out_dir / "bench.json"]
+        written[0].write_text(self.to_markdown(), encoding="utf-8")
+        written[1].write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        if plot:
+            png = out_dir / "bench.png"
+            if write_plot(self, png):
+                written.append(png)
+        return written
+
+
+def _ratio_text(row: Row, base: Row, value: float) -> str:
+    name = base.short or base.label
+    if row.is_rate:
+        return f"{value:.2f} of {name}"
+    return f"{value:.2f}x {name}"
+
+
+def _fmt(value: float, unit: str) -> str:
+    if value >= 100:
+        text = f"{value:,.0f}"
+    elif value >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return f"{text} {unit}"
+
+
+def write_plot(report: Report, path: Path) -> bool:
+    """A bar chart of every target's budget use (1.0 = exactly at target); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [row for row in report.rows if row.target is not None]
+    if not rows:
+        return False
+    # The section number keeps labels apart (a label may recur in two sections).
+    labels = [f"{row.section.split('.', 1)[0]}. {row.label}" for row in rows]
+    budgets = [min(row.target.budget, 10.0) if row.target else 0.0 for row in rows]
+    colors = ["#2e7d32" if row.target and row.target.met else "#c62828" for row in rows]
+    fig, axis = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.5))
+    axis.barh(labels, budgets, color=colors)
+    axis.axvline(1.0, color="black", linewidth=1)
+    axis.invert_yaxis()
+    axis.set_xlabel("share of the target's allowance used (1.0 = at target; green met, red missed)")
+    axis.set_title(
+        f"execd bench ({'quick' if report.quick else 'full'}): "
+        f"{report.facts.get('cores')} cores, Python {report.facts.get('python')}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

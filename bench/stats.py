@@ -1,0 +1,107 @@
+"""Percentiles and timing helpers shared by the bench sections."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+Call = Callable[[], Awaitable[object]]
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (``fraction`` in [0, 1]) of a non-empty sequence."""
+    if not values:
+        raise ValueError("no samples")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """p50, p99 and mean of a sample set, in the samples' unit."""
+
+    p50: float
+    p99: float
+    mean: float
+    n: int
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """The Summary of ``values``."""
+    return Summary(
+        p50=percentile(values, 0.50),
+        p99=percentile(values, 0.99),
+        mean=math.fsum(values) / len(values),
+        n=len(values),
+    )
+
+
+def rate_summary(amount: float, seconds: Sequence[float]) -> Summary:
+    """Rates (``amount`` per second) of repeated timed runs.
+
+    ``p50`` is the rate of the median run; ``p99`` the rate of the run at the
+    99th percentile of duration (the slow end), so both read like latencies
+    turned into rates.
+    """
+    times = summarize(seconds)
+    return Summary(
+        p50=amount / times.p50,
+        p99=amount / times.p99,
+        mean=amount / times.mean,
+        n=times.n,
+    )
+
+
+async def time_calls(call: Call, count: int, into: list[float]) -> None:
+    """Await ``call`` ``count`` times one after another; append each duration in microseconds."""
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        started = clock()
+        await call()
+        into.append((clock() - started) / 1000)
+
+
+async def interleaved(
+    approaches: dict[str, Call],
+    counts: dict[str, int],
+    *,
+    rounds: int,
+    warmup: int = 50,
+) -> dict[str, list[float]]:
+    """Latency samples (microseconds) of several approaches, measured in interleaved batches.
+
+    Each approach gets ``counts[name]`` samples spread over ``rounds`` batches;
+    the batches take turns, so the machine's noise hits every approach alike.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in approaches}
+    for name, call in approaches.items():
+        for _ in range(min(warmup, counts[name])):
+            await call()
+    gc.collect()
+    for index in range(rounds):
+        for name, call in approaches.items():
+            total = counts[name]
+            batch = total * (index + 1) // rounds - total * index // rounds
+            await time_calls(call, batch, samples[name])
+            await asyncio.sleep(0)
+    return samples
+
+
+async def pipelined(call: Call, total: int, in_flight: int) -> float:
+    """Seconds to complete ``total`` calls with ``in_flight`` of them outstanding at once."""
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await call()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return time.perf_counter() - started

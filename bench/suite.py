@@ -1,0 +1,166 @@
+"""The whole bench in one run: every section, one table, JSON and a plot.
+
+``python -m bench [--quick] [--out DIR] [--tmp DIR] [--no-plot]`` and
+``harnessd bench`` (same options) start the raw floor servers and one execd,
+run the sections in order, compute every ratio against the baselines measured
+in the same run, and write ``bench.md``, ``bench.json`` and (with matplotlib)
+``bench.png`` into the output directory (default ``bench/results/``). The
+table is printed too. The exit status is 0 when the bench ran, whatever the
+targets say: the table tells which were met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final
+
+import uvloop
+
+from bench import resources, roundtrip, transfer, turn, workspace
+from bench.baselines import missing_packages
+from bench.env import Env
+from bench.execd_proc import start_execd
+from bench.options import SECTION_NAMES, add_arguments
+from bench.report import Report, Row, link_ratios, machine_facts
+from bench.servers import start_server
+from bench.settings import Settings, full, quick
+
+Section = Callable[[Env], Awaitable[list[Row]]]
+
+#: Every row a run produces, in table order (full and quick runs alike).
+ROW_KEYS: Final[tuple[str, ...]] = (
+    "noop.floor",
+    "noop.http",
+    "noop.grpc",
+    "noop.execd",
+    "noop.execd_aes",
+    "pipe.floor",
+    "pipe.execd",
+    "pipe.execd_aes",
+    "pipe.grpc",
+    "spawn.local",
+    "spawn.execd",
+    *(
+        f"files.{size}.{kind}"
+        for size in ("small", "medium")
+        for kind in ("raw_read", "execd_read", "raw_write", "execd_write")
+    ),
+    "files.large.raw_read",
+    "files.large.execd_read",
+    "files.large.raw_write",
+    "files.large.raw_write_file",
+    "files.large.execd_write",
+    "files.large.execd_write_atomic",
+    "watch.handler",
+    "watch.execd",
+    "start.python",
+    "start.imports",
+    "start.execd",
+    "ledger.small",
+    "ledger.medium",
+    "ledger.large",
+    "memory.floor",
+    "memory.idle",
+    "memory.stream",
+    "turn.round_trip",
+    "turn.sequential",
+    "turn.concurrent",
+)
+
+SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
+    ("roundtrip", roundtrip.run),
+    ("shell", workspace.spawn_rows),
+    ("files", transfer.run),
+    ("watch", workspace.watch_rows),
+    ("start", workspace.cold_start_rows),
+    ("ledger", resources.ledger_rows),
+    ("memory", resources.memory_rows),
+    ("turn", turn.run),
+)
+
+
+async def run_suite(
+    settings: Settings, *, only: frozenset[str] | None = None, progress: bool = True
+) -> Report:
+    """Run every section (or those named in ``only``); return the report with ratios linked."""
+    missing = missing_packages()
+    if missing:
+        raise RuntimeError(
+            f"baseline packages missing: {', '.join(missing)} "
+            "(install the project's bench extra: pip install -e '.[bench]')"
+        )
+    started = time.perf_counter()
+    rows: list[Row] = []
+    workdir = tempfile.mkdtemp(prefix="bench-workspace-", dir=settings.tmp_dir)
+    try:
+        async with (
+            start_server("raw", "--scratch", workdir) as raw,
+            start_execd(workdir) as execd,
+        ):
+            env = Env(settings=settings, workdir=workdir, execd=execd, raw=raw)
+            for name, section in SECTIONS:
+                if only is not None and name not in only:
+                    continue
+                began = time.perf_counter()
+                if progress:
+                    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+                rows += await section(env)
+                if progress:
+                    print(
+                        f"bench: {name} done in {time.perf_counter() - began:.1f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    order = {key: index for index, key in enumerate(ROW_KEYS)}
+    rows.sort(key=lambda row: order.get(row.key, len(order)))
+    link_ratios(rows)
+    notes = [
+        "p50/p99 are over all samples; for rates, p99 is the rate of the slow-end run.",
+        "Ratios compare p50s: for times, x = times the baseline; for rates, the share of the "
+        "baseline's rate.",
+        "execd, the floor, HTTP and gRPC servers each run in their own process; clients run "
+        "in the bench process on uvloop.",
+    ]
+    return Report(
+        rows=rows,
+        facts=machine_facts(),
+        quick=settings.quick,
+        seconds=time.perf_counter() - started,
+        notes=notes,
+    )
+
+
+assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run with parsed options, write the outputs, print the table."""
+    settings = quick(args.tmp) if args.quick else full(args.tmp)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        only = frozenset(args.only) if args.only else None
+        report = runner.run(run_suite(settings, only=only))
+    written = report.write(Path(args.out), plot=not args.no_plot)
+    print(report.to_markdown())
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Tool-call latency and throughput of execd beside the floor and the "
+        "alternatives, in one run.",
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))

@@ -1,0 +1,168 @@
+"""Section 4: file reads and writes through execd beside a raw socket moving the same bytes.
+
+For each size, the bench times ``read_file`` (``files.read``, streamed) of a
+file that is in the page cache, and ``write_file`` (``files.write``; inline up
+to half a frame, streamed above) with ``atomic=False``, so both sides of the
+comparison move bytes and neither waits for the disk. The raw baseline is
+:class:`bench.floor.BulkClient` on uvloop: the same byte count over one TCP
+connection, received straight into one buffer on reads and discarded on
+writes. For the largest size two more rows give context: the raw socket
+writing what it receives into a file (the file system's share of an upload)
+and the default atomic ``files.write`` (temporary file, fsync, rename: the
+disk's share).
+
+Small sizes are reported as time per transfer (ratio: times slower than the
+raw socket); the largest as a rate in MB/s (ratio: share of the raw rate).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from bench.env import Env
+from bench.floor import connect_bulk
+from bench.report import Row, Target
+from bench.settings import HOST, MIB, size_label
+from bench.stats import rate_summary, summarize
+
+SECTION = "4. File read and write (files.read / files.write) beside a raw socket"
+LARGE_TARGET = 0.6
+
+Timed = Callable[[], Awaitable[object]]
+
+
+def _write_local(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+def _payload(rng: random.Random, size: int) -> bytes:
+    """``size`` pseudo-random bytes (a random MiB repeated beyond 1 MiB)."""
+    block = rng.randbytes(min(size, MIB))
+    return (block * (size // len(block) + 1))[:size] if size > len(block) else block
+
+
+async def _time(action: Timed) -> float:
+    started = time.perf_counter()
+    await action()
+    return time.perf_counter() - started
+
+
+async def run(env: Env) -> list[Row]:
+    """Rows for every size, both directions, execd and raw."""
+    settings = env.settings
+    client = await env.execd.connect()
+    bulk = await connect_bulk(HOST, env.raw.ports["bulk"])
+    rows: list[Row] = []
+    try:
+        rng = random.Random(1234)
+        for index, (size, count) in enumerate(
+            zip(settings.file_sizes, settings.file_samples, strict=True)
+        ):
+            name = ("small", "medium", "large")[index]
+            data = _payload(rng, size)
+            path = env.path(f"transfer-{name}.bin")
+            _write_local(path, data)
+            await client.read_file(path)
+
+            async def execd_read(path: str = path, size: int = size) -> object:
+                got = await client.read_file(path)
+                if len(got) != size:
+                    raise RuntimeError(f"read {len(got)} bytes of {size}")
+                return got
+
+            async def raw_read(size: int = size) -> object:
+                got = await bulk.read(size)
+                if len(got) != size:
+                    raise RuntimeError(f"raw read {len(got)} bytes of {size}")
+                return got
+
+            async def execd_write(path: str = path, data: bytes = data) -> object:
+                return await client.write_file(path, data, atomic=False)
+
+            async def raw_write(data: bytes = data) -> object:
+                return await bulk.write(data)
+
+            async def raw_write_file(data: bytes = data) -> object:
+                return await bulk.write(data, to_file=True)
+
+            async def execd_atomic(path: str = path, data: bytes = data) -> object:
+                return await client.write_file(path, data)
+
+            actions: dict[str, Timed] = {
+                "raw_read": raw_read,
+                "execd_read": execd_read,
+                "raw_write": raw_write,
+                "execd_write": execd_write,
+            }
+            if name == "large":
+                actions["raw_write_file"] = raw_write_file
+                actions["execd_write_atomic"] = execd_atomic
+            times: dict[str, list[float]] = {key: [] for key in actions}
+            if name != "large":
+                for action in actions.values():
+                    await action()
+            for _ in range(count):
+                for key, action in actions.items():
+                    times[key].append(await _time(action))
+            rows += _rows(name, size, times)
+            del data
+            os.unlink(path)
+    finally:
+        bulk.close()
+        await client.close()
+    return rows
+
+
+def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
+    label = size_label(size)
+    large = name == "large"
+    rows: list[Row] = []
+    titles = {
+        "raw_read": f"raw socket, {label} to the client",
+        "execd_read": f"execd files.read, {label}",
+        "raw_write": f"raw socket, {label} from the client",
+        "raw_write_file": f"raw socket, {label} from the client into a file (no fsync)",
+        "execd_write": f"execd files.write, {label}, atomic=false",
+        "execd_write_atomic": f"execd files.write, {label}, atomic (default: fsync, rename)",
+    }
+    for key, seconds in times.items():
+        direction = "read" if key.endswith("read") else "write"
+        baselines: tuple[str, ...] = (f"files.{name}.raw_{direction}",)
+        if key.startswith("raw"):
+            baselines = (f"files.{name}.raw_write",) if key == "raw_write_file" else ()
+        elif direction == "write" and large:
+            baselines += (f"files.{name}.raw_write_file",)
+        if large:
+            summary = rate_summary(size / 1e6, seconds)
+            unit = "MB/s"
+        else:
+            summary = summarize([s * 1000 for s in seconds])
+            unit = "ms"
+        row = Row(
+            key=f"files.{name}.{key}",
+            section=SECTION,
+            label=titles[key],
+            unit=unit,
+            p50=summary.p50,
+            p99=summary.p99,
+            n=summary.n,
+            baselines=baselines,
+            short={"raw_read": "raw", "raw_write": "raw", "raw_write_file": "raw into a file"}.get(
+                key, ""
+            ),
+            extra={"bytes": float(size), "mean": summary.mean},
+        )
+        rows.append(row)
+    if large:
+        by_key = {row.key: row for row in rows}
+        for direction in ("read", "write"):
+            row = by_key[f"files.large.execd_{direction}"]
+            base = by_key[f"files.large.raw_{direction}"]
+            row.target = Target(
+                f"rate >= {LARGE_TARGET:g} of raw socket", row.p50 / base.p50, LARGE_TARGET, True
+            )
+    return rows

@@ -1,0 +1,212 @@
+"""Sections 3 and 5: a command through the shell RPC, watch latency, execd's cold start.
+
+3. ``true`` through ``shell.run`` (collected output) beside
+   ``subprocess.run(['true'])`` in the bench process: the local spawn floor.
+   Interleaved batches; the target is an absolute difference at p50.
+5. Watch latency over the wire: the bench writes a file in the workspace
+   (open, write, close) and times until the ``closed_write`` event reaches
+   the client, beside the same measurement at the handler level in this
+   process (:func:`bench.watch_latency.measure`: inotify and the watch
+   machinery without the wire). Cold start: spawning ``python -m execd``
+   with a token file until its ``listening`` line, beside spawning a bare
+   ``python -c`` until its first line, and one that first imports asyncio,
+   uvloop and msgspec (what any such daemon needs before it can listen).
+   execd's bytecode is compiled first, as an installed package has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import compileall
+import os
+import subprocess
+import time
+
+from bench import watch_latency
+from bench.env import Env
+from bench.execd_proc import start_execd, time_interpreter_start
+from bench.report import Row, Target
+from bench.stats import Call, interleaved, summarize
+
+SPAWN = "3. A command through the shell RPC"
+WATCH = "5. Watch latency and cold start"
+
+SPAWN_TARGET_MS = 0.3
+WATCH_TARGET_MS = 5.0
+COLD_START_TARGET_MS = 150.0
+#: What any uvloop daemon speaking msgpack imports before it can listen.
+STARTUP_IMPORTS = "asyncio, uvloop, msgspec"
+
+
+async def spawn_rows(env: Env) -> list[Row]:
+    """``true`` via shell.run beside subprocess.run in this process."""
+    client = await env.execd.connect()
+    try:
+
+        async def remote() -> object:
+            result = await client.run(["true"])
+            if result.exit_code != 0:
+                raise RuntimeError(f"true exited with {result.exit_code}")
+            return result
+
+        async def local() -> object:
+            # Blocking on purpose: this is the plain local spawn being compared.
+            return subprocess.run(  # noqa: ASYNC221
+                ["true"], stdin=subprocess.DEVNULL, capture_output=True, check=False
+            )
+
+        approaches: dict[str, Call] = {"local": local, "execd": remote}
+        count = env.settings.spawn_samples
+        samples = await interleaved(
+            approaches, {"local": count, "execd": count}, rounds=max(2, count // 50), warmup=10
+        )
+    finally:
+        await client.close()
+    local_summary = summarize([s / 1000 for s in samples["local"]])
+    remote_summary = summarize([s / 1000 for s in samples["execd"]])
+    floor = Row(
+        key="spawn.local",
+        section=SPAWN,
+        short="local spawn",
+        label="subprocess.run(['true']) in the client process",
+        unit="ms",
+        p50=local_summary.p50,
+        p99=local_summary.p99,
+        n=local_summary.n,
+    )
+    execd = Row(
+        key="spawn.execd",
+        section=SPAWN,
+        label="execd shell.run(['true']), collected output",
+        unit="ms",
+        p50=remote_summary.p50,
+        p99=remote_summary.p99,
+        n=remote_summary.n,
+        baselines=("spawn.local",),
+        extra={"p50_difference_ms": remote_summary.p50 - local_summary.p50},
+    )
+    execd.target = Target(
+        f"p50 <= floor + {SPAWN_TARGET_MS} ms",
+        remote_summary.p50 - local_summary.p50,
+        SPAWN_TARGET_MS,
+    )
+    execd.note = f"+{remote_summary.p50 - local_summary.p50:.2f} ms"
+    return [floor, execd]
+
+
+async def watch_rows(env: Env) -> list[Row]:
+    """Write-to-event latency over the wire beside the handler-level figure."""
+    count = env.settings.watch_samples
+    baseline = await watch_latency.measure(count, recursive=False, depth=0)
+    directory = env.path("watched")
+    os.makedirs(directory, exist_ok=True)
+    client = await env.execd.connect()
+    latencies: list[float] = []
+    try:
+        watch = await client.watch(directory)
+        try:
+            for index in range(count + 5):
+                path = os.path.join(directory, f"f{index % 16}")
+                before = time.perf_counter()
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.write(fd, b"x")
+                finally:
+                    os.close(fd)
+                while True:
+                    kind, event = await watch.next(timeout=10.0)
+                    if kind == "closed_write" and event.path == path:
+                        break
+                if index >= 5:
+                    latencies.append((time.perf_counter() - before) * 1000)
+        finally:
+            await watch.close()
+    finally:
+        await client.close()
+    wire = summarize(latencies)
+    handler = Row(
+        key="watch.handler",
+        section=WATCH,
+        short="handler",
+        label="watch latency at the handler, no wire (bench.watch_latency)",
+        unit="ms",
+        p50=baseline["p50_ms"],
+        p99=baseline["p99_ms"],
+        n=count,
+    )
+    row = Row(
+        key="watch.execd",
+        section=WATCH,
+        label="watch latency: write in the workspace to event at the client",
+        unit="ms",
+        p50=wire.p50,
+        p99=wire.p99,
+        n=wire.n,
+        baselines=("watch.handler",),
+    )
+    row.target = Target(f"p50 < {WATCH_TARGET_MS:g} ms", wire.p50, WATCH_TARGET_MS)
+    return [handler, row]
+
+
+def compile_bytecode() -> None:
+    """Compile execd's and the protocol's modules, as an installed package has them.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (or a read-only tree) no ``.pyc``
+    would ever be written, and every start would compile every module again.
+    """
+    import execd
+    import protocol
+
+    for package in (execd, protocol):
+        compileall.compile_dir(os.path.dirname(package.__file__ or ""), quiet=1)
+
+
+async def cold_start_rows(env: Env) -> list[Row]:
+    """Spawn-to-listening of execd beside spawn-to-first-line of a bare interpreter."""
+    await asyncio.to_thread(compile_bytecode)
+    bare: list[float] = []
+    loaded: list[float] = []
+    execd: list[float] = []
+    for _ in range(env.settings.cold_starts):
+        bare.append(await time_interpreter_start() * 1000)
+        loaded.append(await time_interpreter_start(STARTUP_IMPORTS) * 1000)
+        async with start_execd(env.workdir) as proc:
+            execd.append(proc.startup_seconds * 1000)
+        await asyncio.sleep(0.05)
+    bare_summary, execd_summary = summarize(bare), summarize(execd)
+    loaded_summary = summarize(loaded)
+    floor = Row(
+        key="start.python",
+        section=WATCH,
+        short="bare python",
+        label="python -c print: spawn to first line",
+        unit="ms",
+        p50=bare_summary.p50,
+        p99=bare_summary.p99,
+        n=bare_summary.n,
+    )
+    imports = Row(
+        key="start.imports",
+        section=WATCH,
+        label=f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
+        short="python + event loop imports",
+        unit="ms",
+        p50=loaded_summary.p50,
+        p99=loaded_summary.p99,
+        n=loaded_summary.n,
+        baselines=("start.python",),
+    )
+    row = Row(
+        key="start.execd",
+        section=WATCH,
+        label="execd cold start: spawn to the listening line",
+        unit="ms",
+        p50=execd_summary.p50,
+        p99=execd_summary.p99,
+        n=execd_summary.n,
+        baselines=("start.python", "start.imports"),
+    )
+    row.target = Target(
+        f"p50 < {COLD_START_TARGET_MS:g} ms", execd_summary.p50, COLD_START_TARGET_MS
+    )
+    return [floor, imports, row]
