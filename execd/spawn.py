@@ -713,6 +713,10 @@ def reap_orphans() -> list[tuple[int, int]]:
     return reaped
 
 
+POKE_DELAY = 0.05
+"""Seconds between a tracked child's exit and the orphan sweep it triggers."""
+
+
 class Reaper:
     """Periodically reaps orphaned zombies; see the module docstring.
 
@@ -755,10 +759,10 @@ class Reaper:
         self._schedule()
 
     def poke(self) -> None:
-        """Scan on the next loop iteration (at most one pending scan)."""
+        """Scan shortly (at most one pending scan): exits in a burst share one sweep."""
         if self._loop is None or self._soon is not None:
             return
-        self._soon = self._loop.call_soon(self._poked)
+        self._soon = self._loop.call_later(POKE_DELAY, self._poked)
 
     def _poked(self) -> None:
         self._soon = None

@@ -12,9 +12,6 @@ from __future__ import annotations
 import struct
 from typing import Final, Protocol
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
-
 from protocol import limits
 from protocol.errors import DecryptionFailed
 
@@ -30,6 +27,10 @@ class _Aead(Protocol):
 
 
 def _make(cipher: str, key: bytes) -> _Aead:
+    # Imported here: the cryptography bindings cost tens of milliseconds at
+    # start-up, and plaintext connections never need them.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
     if cipher == limits.CIPHER_CHACHA20:
         return ChaCha20Poly1305(key)
     if cipher == limits.CIPHER_AESGCM:
@@ -56,11 +57,14 @@ class FrameSealer:
 class FrameOpener:
     """Decrypts and authenticates incoming bodies for one direction."""
 
-    __slots__ = ("_aead", "_counter")
+    __slots__ = ("_aead", "_counter", "_invalid_tag")
 
     def __init__(self, cipher: str, key: bytes) -> None:
         self._aead = _make(cipher, key)
         self._counter = 0
+        from cryptography.exceptions import InvalidTag
+
+        self._invalid_tag: type[Exception] = InvalidTag
 
     def open(self, header: bytes, sealed: bytes | bytearray) -> bytes:
         """The plaintext of ``sealed``; raises DecryptionFailed when it does not verify."""
@@ -69,7 +73,7 @@ class FrameOpener:
         nonce = _NONCE.pack(self._counter)
         try:
             plain = self._aead.decrypt(nonce, sealed, header)
-        except InvalidTag:
+        except self._invalid_tag:
             raise DecryptionFailed(
                 "encrypted frame failed authentication (tampered, replayed or reordered)"
             ) from None

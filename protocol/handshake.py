@@ -31,9 +31,6 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from protocol import limits
 
 TRANSCRIPT_LABEL: Final = b"execd-handshake-v1\x00"
@@ -119,14 +116,24 @@ class FrameKeys:
     server_to_client: bytes
 
 
+def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    """RFC 5869 HKDF with SHA-256: extract, then expand to ``length`` bytes."""
+    if length > 255 * hashlib.sha256().digest_size:
+        raise ValueError("HKDF-SHA256 cannot produce that many bytes")
+    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
+    okm = b""
+    block = b""
+    counter = 1
+    while len(okm) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        okm += block
+        counter += 1
+    return okm[:length]
+
+
 def derive_keys(token: bytes, transcript_bytes: bytes) -> FrameKeys:
     """HKDF-SHA256 the token into two 32-byte directional frame keys."""
-    okm = HKDF(
-        algorithm=hashes.SHA256(),
-        length=2 * KEY_SIZE,
-        salt=hashlib.sha256(transcript_bytes).digest(),
-        info=KEY_INFO,
-    ).derive(token)
+    okm = hkdf_sha256(token, hashlib.sha256(transcript_bytes).digest(), KEY_INFO, 2 * KEY_SIZE)
     return FrameKeys(client_to_server=okm[:KEY_SIZE], server_to_client=okm[KEY_SIZE:])
 
 
