@@ -424,6 +424,18 @@ class Connection:
             )
         return False
 
+    def _handle_stream_message(
+        self, message: Chunk | Credit, events: list[ConnectionEvent], live: set[int]
+    ) -> None:
+        """Book a Chunk or Credit of a call in ``live``; drop those of finished calls."""
+        if message.id not in live:
+            return
+        if isinstance(message, Chunk):
+            self._note_received_chunk(message)
+        else:
+            self._note_credit(message)
+        events.append(message)
+
     def _handle_common(self, message: Message, events: list[ConnectionEvent]) -> bool:
         """Ping, Pong and Abort behave alike in both roles; True if handled."""
         if isinstance(message, Ping):
@@ -523,14 +535,8 @@ class ClientConnection(Connection):
             if call_id in self._streams:
                 self._finish_call(call_id)
             events.append(message)
-        elif isinstance(message, Chunk):
-            if message.id in self._pending:
-                self._note_received_chunk(message)
-                events.append(message)
-        elif isinstance(message, Credit):
-            if message.id in self._pending:
-                self._note_credit(message)
-                events.append(message)
+        elif isinstance(message, Chunk | Credit):
+            self._handle_stream_message(message, events, self._pending)
         elif isinstance(message, Event):
             events.append(message)
         elif not self._handle_common(message, events):
@@ -658,14 +664,8 @@ class ServerConnection(Connection):
                 return
             self._open_calls.add(message.id)
             events.append(message)
-        elif isinstance(message, Chunk):
-            if message.id in self._open_calls:
-                self._note_received_chunk(message)
-                events.append(message)
-        elif isinstance(message, Credit):
-            if message.id in self._open_calls:
-                self._note_credit(message)
-                events.append(message)
+        elif isinstance(message, Chunk | Credit):
+            self._handle_stream_message(message, events, self._open_calls)
         elif isinstance(message, Cancel):
             if message.id in self._open_calls:
                 events.append(message)
