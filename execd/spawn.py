@@ -86,7 +86,9 @@ HIGH_WATER = 256 * 1024
 """Bytes a queueing :class:`PipeReader` holds before it stops reading."""
 
 _DEFAULT_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+    getattr(signal, name)
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ", "SIGINT", "SIGQUIT")
+    if hasattr(signal, name)
 )
 """Signals Python ignores that a command must start with at their default."""
 _STOP_SIGNALS = frozenset(
@@ -350,6 +352,30 @@ def _sweep_inherited_fds() -> None:
                     os.set_inheritable(fd, False)
 
 
+_INTERRUPTS = (signal.SIGINT, signal.SIGQUIT)
+
+
+def _ignore_in_parent(signum: int, frame: object) -> None:
+    """Stands in for SIG_IGN: caught signals revert to their default at exec."""
+
+
+def _make_interrupts_inheritable_as_default() -> None:
+    """Keep an ignored SIGINT/SIGQUIT from reaching the commands execd starts.
+
+    A process started in the background by a shell begins with SIGINT and
+    SIGQUIT ignored, and an ignored disposition survives exec: every command
+    would then be deaf to interrupts. A caught one does not survive exec, so
+    an ignored disposition here is replaced by a handler that does nothing
+    (this process still ignores them; its children start at the default).
+    ``posix_spawn`` resets them itself through ``setsigdef``; this covers the
+    ``Popen`` path, which cannot.
+    """
+    for signum in _INTERRUPTS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                signal.signal(signum, _ignore_in_parent)
+
+
 def _start(
     argv: list[str],
     env: Mapping[str, str],
@@ -360,6 +386,7 @@ def _start(
 ) -> tuple[int, subprocess.Popen[bytes] | None]:
     """Start the process; ``(pid, popen or None)``. ``stdin_fd < 0``: /dev/null."""
     if cwd is not None and cwd != os.getcwd():
+        _make_interrupts_inheritable_as_default()
         popen = subprocess.Popen(
             argv,
             stdin=stdin_fd if stdin_fd >= 0 else subprocess.DEVNULL,
