@@ -33,13 +33,12 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harnessd.api import ExecdClient
 from harnessd.errors import ConnectionLost
-from harnessd.launcher import default_execd_command
 from harnessd.ledger_sync import LedgerSync, LocalLedger, SyncReport
 from harnessd.models import AssistantTurn, ChatMessage, Model, ModelError, ToolCall
 from harnessd.tools import Toolbox, ToolConfig, ToolResult
@@ -110,20 +109,6 @@ class AgentResult:
     def tool_errors(self) -> int:
         """Tool calls that ended with an error result."""
         return sum(1 for turn in self.turns for result in turn.results if not result.ok)
-
-
-def execd_command_without(secret_vars: Sequence[str]) -> list[str]:
-    """The argv that starts a local execd without ``secret_vars`` in its environment.
-
-    A local execd inherits this process's environment and passes it on to
-    every command; the model's credentials must not be among them.
-    """
-    command = default_execd_command()
-    names = [name for name in secret_vars if name]
-    if not names:
-        return command
-    unset = [part for name in names for part in ("-u", name)]
-    return ["env", *unset, *command]
 
 
 def new_session_id() -> str:

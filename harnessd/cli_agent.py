@@ -21,7 +21,6 @@ from harnessd.agent import (
     AgentLimits,
     AgentResult,
     AgentSession,
-    execd_command_without,
 )
 from harnessd.api import ExecdClient, connect
 from harnessd.demo import TranscriptPrinter, run_demo
@@ -113,11 +112,9 @@ async def run_agent(args: argparse.Namespace) -> int:
         reconnect = None
     else:
         workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
-        session = await serve(
-            LocalRuntime(),
-            execd_command=execd_command_without(secret_vars),
-            encrypt=bool(args.encrypt),
-        )
+        # The runtime drops the key's variable (and anything credential-like)
+        # from execd's environment, so no command in the workspace sees it.
+        session = await serve(LocalRuntime(scrub=secret_vars), encrypt=bool(args.encrypt))
         print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
         launched = session
 

@@ -27,7 +27,7 @@ import pytest
 
 from execd.marker import find_marked
 from harnessd import connect
-from harnessd.agent import AgentLimits, AgentResult, AgentSession, execd_command_without
+from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
@@ -435,9 +435,7 @@ def test_openai_compatible_endpoint_drives_a_session_and_the_key_stays_out(
 
     async def main() -> None:
         model = OpenAIChatModel("e2e-model", endpoint.base_url, KEY_VAR, timeout=30.0)
-        launch = serve(
-            LocalRuntime(), execd_command=execd_command_without([KEY_VAR]), **private(tmp_path)
-        )
+        launch = serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path))
         async with launch as session:
             agent = AgentSession(
                 model,
@@ -835,11 +833,9 @@ def test_workspace_env_has_no_model_credentials_with_a_scrubbed_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_VAR, KEY)
-    assert execd_command_without([]) == [sys.executable, "-m", "execd"]
-    command = execd_command_without([KEY_VAR])
 
     async def main() -> None:
-        async with serve(LocalRuntime(), execd_command=command, **private(tmp_path)) as session:
+        async with serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path)) as session:
             env = (await session.client.run(["env"])).stdout.decode()
             assert "EXECD_MARKER=" in env
             assert KEY_VAR not in env and KEY not in env
