@@ -21,6 +21,7 @@ from harnessd import launcher
 from harnessd.errors import ConnectionLost, LaunchFailed, ProtocolViolation
 from harnessd.launcher import Session, serve
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime, WorkspaceError
+from tests.support.procs import alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,14 +90,6 @@ async def _start_escapees(session: Session) -> list[int]:
     raise AssertionError(f"escapees did not appear: {find_marked(MARKER_VAR, session.marker)}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 # -- serve and close ---------------------------------------------------------------
 
 
@@ -122,7 +115,7 @@ def test_serve_run_close_leaves_nothing(tmp_path: Path) -> None:
         assert first.remaining == ()
         assert not first.fallback_ran
         assert first.rpc_error is None
-        assert not _alive(detached.pid)
+        assert not alive(detached.pid)
         assert first.worker_exited
         assert first.exit_code == 0
         assert find_marked(MARKER_VAR, session.marker) == []
@@ -390,7 +383,7 @@ def test_close_kills_every_escapee(tmp_path: Path) -> None:
         assert result.clean and not result.fallback_ran
         assert result.killed >= 3
         assert find_marked(MARKER_VAR, session.marker) == []
-        assert not any(_alive(pid) for pid in escapees)
+        assert not any(alive(pid) for pid in escapees)
 
     arun(main)
 
@@ -425,7 +418,7 @@ def test_fallback_cleanup_after_execd_is_killed(tmp_path: Path) -> None:
         assert result.killed >= 3
         assert result.worker_exited and result.exit_code == 128 + signal.SIGKILL
         assert find_marked(MARKER_VAR, session.marker) == []
-        assert not any(_alive(pid) for pid in escapees)
+        assert not any(alive(pid) for pid in escapees)
 
     arun(main)
 

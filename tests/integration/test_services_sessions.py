@@ -36,15 +36,6 @@ async def connected(daemon: RunningExecd) -> AsyncIterator[ExecdClient]:
         await client.close()
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
 def has_child(parent: int, name: str) -> bool:
     """Whether a live child of ``parent`` runs the program ``name``."""
     for entry in Path("/proc").iterdir():

@@ -16,6 +16,7 @@ import pytest
 import harnessd
 from execd.marker import find_marked
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.procs import alive
 
 
 @pytest.fixture
@@ -24,18 +25,10 @@ def execd(tmp_path: Path) -> Iterator[RunningExecd]:
         yield daemon
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.05)
     return False

@@ -30,6 +30,7 @@ from execd.errors import (
 from execd.services import SERVICE_MARKER_VAR, ServicesCapability, _LogFile, tail_start
 from protocol.api import services as api
 from tests.support.local_ctx import LocalContext
+from tests.support.procs import alive
 
 MARKER_VAR = "EXECD_MARKER"
 Main = Callable[[ServicesCapability, Path], Coroutine[Any, Any, None]]
@@ -65,15 +66,6 @@ def run(request: pytest.FixtureRequest, tmp_path: Path) -> Runner:
             asyncio.run(wrapper())
 
     return runner
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -27,6 +27,7 @@ from execd.errors import (
 from execd.sessions import SESSION_MARKER_VAR, SessionsCapability
 from protocol.api import sessions as api
 from tests.support.local_ctx import LocalContext
+from tests.support.procs import alive
 
 MARKER_VAR = "EXECD_MARKER"
 Main = Callable[[SessionsCapability, Path], Coroutine[Any, Any, None]]
@@ -62,15 +63,6 @@ def run(request: pytest.FixtureRequest, tmp_path: Path) -> Runner:
             asyncio.run(wrapper())
 
     return runner
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def children(parent: int, name: str) -> list[int]:

@@ -28,6 +28,7 @@ from execd.errors import (
 from execd.shell import ShellCapability
 from protocol.api import shell as api
 from tests.support.local_ctx import LocalContext
+from tests.support.procs import alive
 
 MARKER_VAR = "EXECD_MARKER"
 Main = Callable[[ShellCapability], Coroutine[Any, Any, None]]
@@ -55,15 +56,6 @@ def run(request: pytest.FixtureRequest) -> Runner:
             asyncio.run(wrapper())
 
     return runner
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def state(pid: int) -> str:
