@@ -20,6 +20,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from protocol.errors import ConnectionLost
+
+__all__ = ["CallContext", "ConnectionLost", "Handler", "Method"]
+
 
 class CallContext(Protocol):
     """What one running call can do besides returning its result."""
@@ -43,8 +47,8 @@ class CallContext(Protocol):
         """Send ``data`` on ``stream`` to the client, waiting for credit.
 
         Large ``data`` is split into chunks that fit the peer's frame cap.
-        ``end`` marks the stream finished. Raises ``ConnectionLost`` when the
-        connection is gone.
+        ``end`` marks the stream finished. Raises
+        :class:`~protocol.errors.ConnectionLost` when the connection is gone.
         """
         ...
 
@@ -59,10 +63,6 @@ class CallContext(Protocol):
     def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
         """Run ``callback`` when the connection that carries this call closes."""
         ...
-
-
-class ConnectionLost(Exception):
-    """The connection carrying a call is gone; nothing more can be sent."""
 
 
 Handler = Callable[[Any, CallContext], Awaitable[Any]]

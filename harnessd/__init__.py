@@ -1,6 +1,12 @@
-"""harnessd: the harness side: client library, launcher, agent loop and ledger sync."""
+"""harnessd: the harness side: client library, launcher, agent loop and ledger sync.
 
+Every exception the library raises is importable from here as well as from
+:mod:`harnessd.errors` (``except harnessd.NotFound:``).
+"""
+
+from harnessd import errors
 from harnessd.api import ExecdClient, RunningCommand, connect
+from harnessd.errors import *  # noqa: F403 - every error class is part of the package's API
 from harnessd.launcher import Session, serve
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime
 
@@ -14,3 +20,4 @@ __all__ = [
     "connect",
     "serve",
 ]
+__all__ += errors.__all__

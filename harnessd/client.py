@@ -41,7 +41,7 @@ from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
-from protocol.errors import ErrorCode, ProtocolError
+from protocol.errors import ErrorCode, RemoteProtocolError
 from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
 
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class ClientProtocol(FramedProtocol):
         return events
 
     def handle_closed(self, reason: BaseException | None) -> None:
-        if isinstance(reason, ProtocolError):
+        if isinstance(reason, RemoteProtocolError):
             if reason.code == ErrorCode.AUTH_FAILED:
                 failure: BaseException = AuthenticationFailed(
                     "execd did not prove knowledge of the token", int(reason.code)

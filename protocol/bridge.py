@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Final, cast
 
 from protocol.connection import Connection, ConnectionEvent, State, StreamKey
-from protocol.errors import ErrorCode, FlowControlViolation, ProtocolError
+from protocol.errors import ErrorCode, FlowControlViolation, RemoteProtocolError
 from protocol.messages import Chunk, Credit
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             return
         try:
             events = self.conn.buffer_updated(nbytes)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._flush_outbox()
             self.abort(exc)
             return
@@ -155,7 +155,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             return
         try:
             events = self.conn.receive_data(data)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._flush_outbox()
             self.abort(exc)
             return
@@ -327,7 +327,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """Close the connection now, sending an Abort first when the state allows."""
         if self.close_reason is None:
             self.close_reason = reason
-        if code is not None or isinstance(reason, ProtocolError):
+        if code is not None or isinstance(reason, RemoteProtocolError):
             err_code = (
                 code if code is not None else getattr(reason, "code", ErrorCode.PROTOCOL_ERROR)
             )

@@ -27,7 +27,7 @@ class _TagOnly(msgspec.Struct, forbid_unknown_fields=False):
 
 
 def decode_message(body: bytes | bytearray | memoryview) -> Message:
-    """Decode one frame body into its message; raise a typed ProtocolError otherwise."""
+    """Decode one frame body into its message; raise a typed RemoteProtocolError otherwise."""
     try:
         message: Message = _DECODER.decode(body)
         return message

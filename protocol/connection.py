@@ -31,7 +31,7 @@ Once open, the machine keeps the books the peer could abuse:
   the receiving application calls :meth:`Connection.grant` after consuming
   data, so a slow reader bounds what the sender can have in flight.
 
-Any violation raises a :class:`~protocol.errors.ProtocolError`: the machine
+Any violation raises a :class:`~protocol.errors.RemoteProtocolError`: the machine
 moves to ``CLOSED`` and leaves an Abort frame in the outbox for the caller to
 send before closing the socket. Chunks and credits for calls that have already
 finished are dropped silently: they are the normal race with a final answer.
@@ -56,7 +56,7 @@ from protocol.errors import (
     FlowControlViolation,
     InvalidMessage,
     LocalProtocolError,
-    ProtocolError,
+    RemoteProtocolError,
     UnexpectedMessage,
     UnsupportedCipher,
     VersionMismatch,
@@ -175,7 +175,7 @@ class Connection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[ConnectionEvent]:
         """Feed received bytes; return the events they complete.
 
-        Raises ProtocolError on any violation; the state is then CLOSED and the
+        Raises RemoteProtocolError on any violation; the state is then CLOSED and the
         outbox holds an Abort frame.
         """
         if self.state is State.CLOSED:
@@ -194,7 +194,7 @@ class Connection:
     def buffer_updated(self, nbytes: int) -> list[ConnectionEvent]:
         """``nbytes`` arrived in the buffer of :meth:`get_buffer`; return the events completed.
 
-        Raises ProtocolError exactly as :meth:`receive_data` does.
+        Raises RemoteProtocolError exactly as :meth:`receive_data` does.
         """
         if self.state is State.CLOSED:
             return []
@@ -220,7 +220,7 @@ class Connection:
                     # the buffer they were decoded from).
                     reader.recycle(frame)
                 self._handle(message, events)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._fail(exc)
             raise
         return events
@@ -314,7 +314,7 @@ class Connection:
         except LocalProtocolError:
             return b""
 
-    def _fail(self, exc: ProtocolError) -> None:
+    def _fail(self, exc: RemoteProtocolError) -> None:
         if self.state is State.CLOSED:
             return
         # An authentication failure says no more than that: no hint for a prober.

@@ -13,9 +13,17 @@ Ranges:
 * 600-699: the session ledger;
 * 700-799: persistent shell sessions.
 
-The exception classes here describe *protocol* conditions only. The daemons
-build their own hierarchies (``execd.errors``, ``harnessd.errors``) on top of
-these codes.
+The exception classes here are the root of every hierarchy in the project
+(h11's shape)::
+
+    SplitexecError
+    +-- ConnectionLost                 the connection is gone (both ends)
+    +-- ProtocolError                  a protocol violation, with its ``code``
+    |   +-- LocalProtocolError         this side asked for something forbidden
+    |   +-- RemoteProtocolError        the peer broke the protocol (Abort, close)
+    +-- execd.errors.ExecdError        a failed call, one class per code >= 100
+    +-- harnessd.errors.RemoteError    the same classes as the client sees them,
+                                       generated from execd's (tools/generate_errors.py)
 """
 
 from __future__ import annotations
@@ -99,11 +107,33 @@ class ErrorCode(IntEnum):
     SESSION_DEAD = 703
 
 
-class ProtocolError(Exception):
-    """The peer broke the protocol; the connection must be closed.
+class SplitexecError(Exception):
+    """Base of every exception the splitexec packages define.
 
-    ``code`` is the wire code sent in the Abort message before closing.
-    Messages never contain secrets.
+    ``harnessd.HarnessError`` is this class under the client's name; execd's
+    :class:`~execd.errors.ExecdError`, the protocol errors below and
+    :class:`ConnectionLost` all derive from it.
+    """
+
+
+class ConnectionLost(SplitexecError):
+    """The connection is gone (closed, reset, or silent past the keepalive).
+
+    The one class for this condition at both ends: calls in flight on the
+    client fail with it, and execd's handlers get it when they send on a
+    connection that has closed. The glue (:mod:`protocol.bridge`) raises its
+    own ``TransportClosed`` and the roles turn that into this class.
+    """
+
+
+class ProtocolError(SplitexecError):
+    """Base of protocol violations, by either side.
+
+    :class:`RemoteProtocolError`: the peer broke the protocol, and the
+    connection must be closed. :class:`LocalProtocolError`: this side asked
+    for something the protocol forbids (a caller bug); nothing was sent.
+    ``code`` is the wire code that names the violation. Messages never contain
+    secrets.
     """
 
     code: ErrorCode = ErrorCode.PROTOCOL_ERROR
@@ -113,85 +143,7 @@ class ProtocolError(Exception):
         self.message = message
 
 
-class FrameTooLarge(ProtocolError):
-    """A frame header declared a body longer than the receiver's cap."""
-
-    code = ErrorCode.FRAME_TOO_LARGE
-
-
-class MalformedMessage(ProtocolError):
-    """A frame body is not valid msgpack."""
-
-    code = ErrorCode.MALFORMED_MESSAGE
-
-
-class UnknownMessageType(ProtocolError):
-    """A frame body carries a tag this implementation does not know."""
-
-    code = ErrorCode.UNKNOWN_MESSAGE_TYPE
-
-
-class InvalidMessage(ProtocolError):
-    """A known message has a missing or wrongly typed field."""
-
-    code = ErrorCode.INVALID_MESSAGE
-
-
-class UnexpectedMessage(ProtocolError):
-    """A valid message arrived in a state where it is not allowed."""
-
-    code = ErrorCode.UNEXPECTED_MESSAGE
-
-
-class AuthenticationFailed(ProtocolError):
-    """The peer did not prove knowledge of the shared token."""
-
-    code = ErrorCode.AUTH_FAILED
-
-
-class VersionMismatch(ProtocolError):
-    """The two sides share no protocol version."""
-
-    code = ErrorCode.VERSION_MISMATCH
-
-
-class UnsupportedCipher(ProtocolError):
-    """The two sides share no acceptable frame protection."""
-
-    code = ErrorCode.UNSUPPORTED_CIPHER
-
-
-class DecryptionFailed(ProtocolError):
-    """An encrypted frame failed authentication (tampered, replayed or reordered)."""
-
-    code = ErrorCode.DECRYPT_FAILED
-
-
-class FlowControlViolation(ProtocolError):
-    """The peer sent more stream bytes than it had credit for."""
-
-    code = ErrorCode.FLOW_CONTROL_VIOLATION
-
-
-class DuplicateCallId(ProtocolError):
-    """The peer reused the id of a call that is still in flight."""
-
-    code = ErrorCode.DUPLICATE_CALL_ID
-
-
-class ConnectionAborted(ProtocolError):
-    """The peer closed the connection with an Abort message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        try:
-            self.code = ErrorCode(code)
-        except ValueError:
-            self.code = ErrorCode.PROTOCOL_ERROR
-        self.peer_code = code
-
-
-class LocalProtocolError(Exception):
+class LocalProtocolError(ProtocolError):
     """This side tried to do something the protocol forbids (a caller bug).
 
     Raised by the state machines when asked to send a message that is not
@@ -202,3 +154,76 @@ class LocalProtocolError(Exception):
 
 class FlowControlBlocked(LocalProtocolError):
     """A chunk is larger than the credit the peer has granted for its stream."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol; the connection must be closed.
+
+    ``code`` is the wire code sent in the Abort message before closing.
+    """
+
+
+class FrameTooLarge(RemoteProtocolError):
+    """A frame header declared a body longer than the receiver's cap."""
+
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class MalformedMessage(RemoteProtocolError):
+    """A frame body is not valid msgpack."""
+
+    code = ErrorCode.MALFORMED_MESSAGE
+
+
+class UnknownMessageType(RemoteProtocolError):
+    """A frame body carries a tag this implementation does not know."""
+
+    code = ErrorCode.UNKNOWN_MESSAGE_TYPE
+
+
+class InvalidMessage(RemoteProtocolError):
+    """A known message has a missing or wrongly typed field."""
+
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class UnexpectedMessage(RemoteProtocolError):
+    """A valid message arrived in a state where it is not allowed."""
+
+    code = ErrorCode.UNEXPECTED_MESSAGE
+
+
+class AuthenticationFailed(RemoteProtocolError):
+    """The peer did not prove knowledge of the shared token."""
+
+    code = ErrorCode.AUTH_FAILED
+
+
+class VersionMismatch(RemoteProtocolError):
+    """The two sides share no protocol version."""
+
+    code = ErrorCode.VERSION_MISMATCH
+
+
+class UnsupportedCipher(RemoteProtocolError):
+    """The two sides share no acceptable frame protection."""
+
+    code = ErrorCode.UNSUPPORTED_CIPHER
+
+
+class DecryptionFailed(RemoteProtocolError):
+    """An encrypted frame failed authentication (tampered, replayed or reordered)."""
+
+    code = ErrorCode.DECRYPT_FAILED
+
+
+class FlowControlViolation(RemoteProtocolError):
+    """The peer sent more stream bytes than it had credit for."""
+
+    code = ErrorCode.FLOW_CONTROL_VIOLATION
+
+
+class DuplicateCallId(RemoteProtocolError):
+    """The peer reused the id of a call that is still in flight."""
+
+    code = ErrorCode.DUPLICATE_CALL_ID

@@ -1,4 +1,4 @@
-"""Framing under any chunking, and arbitrary input: messages or ProtocolError, nothing else."""
+"""Framing under any chunking, and arbitrary input: messages or RemoteProtocolError, nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from protocol import limits
 from protocol.codec import ENCODER, decode_message
 from protocol.connection import ClientConnection, ServerConnection, State
-from protocol.errors import ProtocolError
+from protocol.errors import RemoteProtocolError
 from protocol.framing import FrameReader, encode_frame
 from protocol.messages import Call, Chunk, Message, Ping
 from tests.property.strategies import PROPERTY_SETTINGS, any_message, session_messages
@@ -73,7 +73,7 @@ def test_large_frames_survive_any_chunking(
 
 
 def feed_reader(pieces: list[bytes], cap: int) -> None:
-    """Push pieces through a reader and the decoder; only ProtocolError may escape."""
+    """Push pieces through a reader and the decoder; only RemoteProtocolError may escape."""
     reader = FrameReader(cap)
     try:
         for piece in pieces:
@@ -81,7 +81,7 @@ def feed_reader(pieces: list[bytes], cap: int) -> None:
             while (body := reader.next_frame()) is not None:
                 assert isinstance(decode_message(body), Message)
             assert reader.buffered <= limits.HEADER_SIZE + cap
-    except ProtocolError:
+    except RemoteProtocolError:
         pass
 
 
@@ -113,11 +113,11 @@ def test_corrupted_valid_streams_give_messages_or_protocol_errors(
 
 
 def feed_connection(conn: ClientConnection | ServerConnection, pieces: list[bytes]) -> None:
-    """Feed pieces; only ProtocolError may escape, and buffering stays bounded."""
+    """Feed pieces; only RemoteProtocolError may escape, and buffering stays bounded."""
     for piece in pieces:
         try:
             conn.receive_data(piece)
-        except ProtocolError:
+        except RemoteProtocolError:
             assert conn.state is State.CLOSED
             return
         conn.data_to_send()
