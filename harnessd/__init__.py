@@ -8,12 +8,14 @@ from harnessd import errors
 from harnessd.api import ExecdClient, RunningCommand, connect
 from harnessd.errors import *  # noqa: F403 - every error class is part of the package's API
 from harnessd.launcher import Session, serve
+from harnessd.opening import Opening
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime
 
 __all__ = [
     "CommandPrefixRuntime",
     "ExecdClient",
     "LocalRuntime",
+    "Opening",
     "RunningCommand",
     "Runtime",
     "Session",

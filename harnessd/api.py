@@ -9,22 +9,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 from collections.abc import AsyncIterator
+from typing import BinaryIO
 
 import msgspec
 
 from harnessd.api_services import ServicesClient
 from harnessd.client import CallHandle, open_connection
-from harnessd.errors import ProtocolViolation, RemoteError
+from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
+from harnessd.opening import Opening
 from protocol import limits
 from protocol.api import files, ledger, shell
 from protocol.api import watch as watch_api
 from protocol.api.core import CloseParams, CloseReport, EchoParams, ServerInfo
+from protocol.handshake import token_bytes
 
 #: Block size for uploads from local files.
 UPLOAD_BLOCK = 1024 * 1024
+
+
+def _local_error(action: str, local_path: str, exc: OSError) -> LocalFileError:
+    name = errno.errorcode.get(exc.errno or 0)
+    reason = exc.strerror or name or "cannot be used"
+    return LocalFileError(f"{action}: {local_path}: {reason}", local_path, name)
+
+
+def _open_for_upload(local_path: str) -> BinaryIO:
+    """``local_path`` opened for reading, if it is a regular file."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused.
+    try:
+        fd = os.open(local_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _local_error("upload", local_path, exc) from None
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        what = "is a directory" if stat.S_ISDIR(kind) else "is not a regular file"
+        name = "EISDIR" if stat.S_ISDIR(kind) else None
+        raise LocalFileError(f"upload: {local_path} {what}", local_path, name)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 class ExecdClient(ServicesClient):
@@ -223,9 +251,16 @@ class ExecdClient(ServicesClient):
             raise ProtocolViolation(f"files.read of {path!r}: content does not match its sha256")
 
     async def download(self, path: str, local_path: str) -> int:
-        """Copy a workspace file to ``local_path`` on this machine; return its size."""
+        """Copy a workspace file to ``local_path`` on this machine; return its size.
+
+        Raises :class:`~harnessd.errors.LocalFileError` when ``local_path``
+        cannot be opened for writing (a directory, a missing parent).
+        """
         size = 0
-        out = await asyncio.to_thread(open, local_path, "wb")
+        try:
+            out = await asyncio.to_thread(open, local_path, "wb")
+        except OSError as exc:
+            raise _local_error("download", local_path, exc) from None
         try:
             async for data in self.iter_file(path):
                 await asyncio.to_thread(out.write, data)
@@ -306,18 +341,23 @@ class ExecdClient(ServicesClient):
     async def upload(
         self, local_path: str, path: str, *, mode: int | None = None
     ) -> files.WriteResult:
-        """Copy a local file into the workspace with bounded memory."""
-        size = (await asyncio.to_thread(os.stat, local_path)).st_size
+        """Copy a local regular file into the workspace with bounded memory.
+
+        Raises :class:`~harnessd.errors.LocalFileError` before anything is sent
+        when ``local_path`` cannot be opened or is not a regular file (a
+        directory, a FIFO, a device).
+        """
+        src = await asyncio.to_thread(_open_for_upload, local_path)
 
         async def blocks() -> AsyncIterator[bytes]:
-            src = await asyncio.to_thread(open, local_path, "rb")
-            try:
-                while block := await asyncio.to_thread(src.read, UPLOAD_BLOCK):
-                    yield block
-            finally:
-                await asyncio.to_thread(src.close)
+            while block := await asyncio.to_thread(src.read, UPLOAD_BLOCK):
+                yield block
 
-        return await self.write_stream(path, blocks(), size=size, mode=mode)
+        try:
+            size = os.fstat(src.fileno()).st_size
+            return await self.write_stream(path, blocks(), size=size, mode=mode)
+        finally:
+            await asyncio.to_thread(src.close)
 
     async def stat(self, path: str, *, follow_symlinks: bool = True) -> files.StatResult:
         """Type, size, mode, times and owner of a workspace path."""
@@ -591,7 +631,7 @@ class RunningCommand:
         self.handle.cancel()
 
 
-async def connect(
+def connect(
     host: str,
     port: int,
     token: bytes | str,
@@ -601,21 +641,33 @@ async def connect(
     keepalive: float | None = 2.0,
     max_frame: int = limits.DEFAULT_MAX_FRAME,
     window: int = limits.DEFAULT_STREAM_WINDOW,
-) -> ExecdClient:
+) -> Opening[ExecdClient]:
     """Connect to execd at ``host:port``, authenticate with ``token``, return the client.
 
-    ``encrypt``: False for plaintext frames (loopback), True to require
-    authenticated encryption, or a cipher name. ``keepalive``: seconds between
-    pings; a connection silent for three intervals fails with ConnectionLost.
-    Raises ConnectFailed, AuthenticationFailed or HandshakeFailed.
+    ``client = await connect(...)`` leaves closing to the caller;
+    ``async with connect(...) as client:`` closes the connection on exit.
+    ``token`` is taken as execd takes it (PROTOCOL.md 6.8): a ``str`` is
+    encoded as UTF-8, and leading and trailing ASCII whitespace is removed, so
+    the content of a token file can be passed as read. ``encrypt``: False for
+    plaintext frames (loopback), True to require authenticated encryption, or
+    a cipher name. ``keepalive``: seconds between pings; a connection silent
+    for three intervals fails with ConnectionLost.
+
+    Raises ValueError at once for an empty or overlong token; then
+    ConnectFailed, AuthenticationFailed or HandshakeFailed.
     """
-    proto, info = await open_connection(
-        host,
-        port,
-        token,
-        encrypt=encrypt,
-        timeout=timeout,
-        max_frame=max_frame,
-        window=window,
-    )
-    return ExecdClient(proto, info, keepalive)
+    secret = token_bytes(token)
+
+    async def open_client() -> ExecdClient:
+        proto, info = await open_connection(
+            host,
+            port,
+            secret,
+            encrypt=encrypt,
+            timeout=timeout,
+            max_frame=max_frame,
+            window=window,
+        )
+        return ExecdClient(proto, info, keepalive)
+
+    return Opening(open_client, ExecdClient.close)

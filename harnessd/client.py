@@ -42,6 +42,7 @@ from protocol.bridge import FramedProtocol, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, RemoteProtocolError
+from protocol.handshake import token_bytes
 from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
 
 T = TypeVar("T")
@@ -355,7 +356,7 @@ async def open_connection(
     authenticated encryption (AES-256-GCM, else ChaCha20-Poly1305), or a
     cipher name. Raises ConnectFailed, AuthenticationFailed or HandshakeFailed.
     """
-    secret = token.encode() if isinstance(token, str) else token
+    secret = token_bytes(token)
     if encrypt is True:
         ciphers: tuple[str, ...] = (limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20)
     elif encrypt is False:

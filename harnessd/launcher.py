@@ -46,12 +46,13 @@ import posixpath
 import re
 import secrets
 import sys
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from harnessd.api import ExecdClient, connect
 from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
+from harnessd.opening import Opening
 from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError
 from harnessd.token import new_token
 from protocol import limits
@@ -334,7 +335,7 @@ class Session:
         return None
 
 
-class Launch:
+class Launch(Opening[Session]):
     """What :func:`serve` returns: await it for a Session, or use it with ``async with``.
 
     ``session = await serve(...)`` leaves closing to the caller;
@@ -342,23 +343,7 @@ class Launch:
     """
 
     def __init__(self, start: Callable[[], Awaitable[Session]]) -> None:
-        self._start = start
-        self._session: Session | None = None
-
-    async def _launch(self) -> Session:
-        if self._session is None:
-            self._session = await self._start()
-        return self._session
-
-    def __await__(self) -> Generator[Any, None, Session]:
-        return self._launch().__await__()
-
-    async def __aenter__(self) -> Session:
-        return await self._launch()
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
+        super().__init__(start, Session.close)
 
 
 def serve(

@@ -21,6 +21,8 @@ direction.
 
 The token must be high-entropy (execd and harnessd make 32 random bytes): a
 recorded transcript lets an eavesdropper test guesses of a weak one offline.
+Every reader turns what it was given into the same bytes with
+:func:`token_bytes` (PROTOCOL.md 6.8).
 """
 
 from __future__ import annotations
@@ -38,6 +40,30 @@ CLIENT_LABEL: Final = b"execd client auth\x00"
 SERVER_LABEL: Final = b"execd server auth\x00"
 KEY_INFO: Final = b"execd v1 frame keys"
 KEY_SIZE: Final = 32
+MAX_TOKEN_BYTES: Final = 4096
+"""The most a reader takes from a token file; longer tokens are refused."""
+
+_ASCII_WHITESPACE: Final = b" \t\n\x0b\x0c\r"
+
+
+def token_bytes(token: bytes | str) -> bytes:
+    """The token's byte form: what the MACs and the key derivation are keyed with.
+
+    A ``str`` (a parameter, an environment variable) is encoded as UTF-8
+    (undecodable bytes that ``os.environ`` escaped come back as they were).
+    Then leading and trailing ASCII whitespace -- space, tab, LF, VT, FF, CR --
+    is removed, exactly as ``bytes.strip()`` does, so a file written by
+    ``echo`` works; nothing else changes (no decoding of hex or base64).
+    Raises ValueError when nothing is left or more than
+    :data:`MAX_TOKEN_BYTES` are.
+    """
+    raw = token.encode("utf-8", "surrogateescape") if isinstance(token, str) else bytes(token)
+    stripped = raw.strip(_ASCII_WHITESPACE)
+    if not stripped:
+        raise ValueError("the token is empty")
+    if len(stripped) > MAX_TOKEN_BYTES:
+        raise ValueError(f"the token is longer than {MAX_TOKEN_BYTES} bytes")
+    return stripped
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,14 +73,19 @@ def start_execd(
     *args: str,
     env: dict[str, str] | None = None,
     timeout: float = 15.0,
+    token_file_text: str | None = None,
 ) -> Iterator[RunningExecd]:
-    """Run ``python -m execd`` with a fresh token file; kill it and its marker on exit."""
+    """Run ``python -m execd`` with a fresh token file; kill it and its marker on exit.
+
+    ``token_file_text``: what the token file holds, when not exactly the token
+    (``"{token}"`` in it stands for the token).
+    """
     token = secrets.token_hex(32)
     state_dir = tmp_path / "execd-state"
     token_file = tmp_path / f"token-{secrets.token_hex(4)}"
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(token)
+        handle.write(token if token_file_text is None else token_file_text.format(token=token))
     marker = secrets.token_hex(16)
     stderr_path = tmp_path / f"execd-{marker[:8]}.log"
     child_env = dict(os.environ)
