@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Final
 
-DEFAULT_OUT: Final = Path(__file__).resolve().parent / "results"
+DEFAULT_OUT: Final = Path("bench-results")
+"""Relative, so under the directory the bench runs in (never inside an installed package)."""
 SECTION_NAMES: Final = ("roundtrip", "shell", "files", "watch", "start", "ledger", "memory", "turn")
 
 
@@ -16,7 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="small counts and sizes: every row in seconds"
     )
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"output directory (default ./{DEFAULT_OUT}, under the current directory)",
     )
     parser.add_argument("--tmp", default=None, help="scratch directory (default $TMPDIR or /tmp)")
     parser.add_argument("--no-plot", action="store_true", help="do not write bench.png")

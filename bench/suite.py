@@ -4,8 +4,8 @@
 ``harnessd bench`` (same options) start the raw floor servers and one execd,
 run the sections in order, compute every ratio against the baselines measured
 in the same run, and write ``bench.md``, ``bench.json`` and (with matplotlib)
-``bench.png`` into the output directory (default ``bench/results/``). The
-table is printed too. The exit status is 0 when the bench ran, whatever the
+``bench.png`` into the output directory (default ``bench-results/`` under the
+current directory). The table is printed too. The exit status is 0 when the bench ran, whatever the
 targets say: the table tells which were met.
 """
 
