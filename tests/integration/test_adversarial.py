@@ -58,6 +58,7 @@ from protocol.messages import (
     Reply,
 )
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.procs import descriptors
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -152,15 +153,11 @@ def marked_matching(marker: str, needle: str) -> list[int]:
     return [pid for pid in find_marked(MARKER_VAR, marker) if needle in cmdline(pid)]
 
 
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def settle_fds(pid: int, ceiling: int, timeout: float = 10.0) -> int:
-    """Wait until ``pid`` holds at most ``ceiling`` descriptors; return the count."""
+async def settle_fds(daemon: RunningExecd, ceiling: int, timeout: float = 10.0) -> int:
+    """Wait until execd holds at most ``ceiling`` descriptors; return the count."""
     deadline = time.monotonic() + timeout
     while True:
-        count = fd_count(pid)
+        count = descriptors(daemon.pid, daemon.port)
         if count <= ceiling or time.monotonic() > deadline:
             return count
         await asyncio.sleep(0.05)
@@ -375,7 +372,7 @@ def test_no_token_hangups_and_silence(daemon: RunningExecd) -> None:
                 peer.close()
 
     async def main() -> int:
-        baseline = fd_count(daemon.pid)
+        baseline = descriptors(daemon.pid, daemon.port)
         async with healthy(daemon):
             tried = await asyncio.to_thread(hang_ups)
             outcomes = await asyncio.to_thread(silent)
@@ -383,7 +380,7 @@ def test_no_token_hangups_and_silence(daemon: RunningExecd) -> None:
                 assert code == ErrorCode.HANDSHAKE_TIMEOUT
                 assert HANDSHAKE_TIMEOUT - 0.2 <= elapsed <= HANDSHAKE_TIMEOUT + 5
             tried += len(outcomes)
-        assert await settle_fds(daemon.pid, baseline) <= baseline
+        assert await settle_fds(daemon, baseline) <= baseline
         await no_marked(daemon.marker)
         return tried
 
@@ -526,7 +523,7 @@ def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
         return codes
 
     async def main() -> dict[str, int]:
-        baseline = fd_count(daemon.pid)
+        baseline = descriptors(daemon.pid, daemon.port)
         socks: list[socket.socket] = []
         try:
             async with healthy(daemon) as client:
@@ -535,13 +532,13 @@ def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
                     async with asyncio.timeout(10):
                         await client.noop()
                 # execd's own descriptors stay bounded while a thousand peers knock.
-                assert fd_count(daemon.pid) < baseline + 2 * 64 + 32
+                assert descriptors(daemon.pid, daemon.port) < baseline + 2 * 64 + 32
                 found = await asyncio.to_thread(outcomes, socks, HANDSHAKE_TIMEOUT + 10)
                 await check_healthy(client)
         finally:
             for sock in socks:
                 sock.close()
-        assert await settle_fds(daemon.pid, baseline) <= baseline
+        assert await settle_fds(daemon, baseline) <= baseline
         await no_marked(daemon.marker)
         # A fresh client is served once the unauthenticated slots are free again.
         async with healthy(daemon):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -13,3 +14,49 @@ def alive(pid: int) -> bool:
         return False
     # The state follows the parenthesised command name, which may contain spaces.
     return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def _tcp_sockets_on(port: int) -> int:
+    """TCP sockets bound to local ``port`` that still belong to an open file."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # fields[1] is "ADDRESS:PORT" in hex; fields[9] the inode, 0 once
+            # no descriptor refers to the socket (closed, or never accepted).
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] != "0":
+                count += 1
+    return count
+
+
+def descriptors(pid: int, port: int) -> int:
+    """How many descriptors ``pid``, serving TCP on ``port``, holds, as far as we may see.
+
+    Every one of them (``/proc/PID/fd``) where this user may list them: root,
+    or the owner of a dumpable process. execd makes itself non-dumpable, which
+    hands ``/proc/PID/fd`` to root, so for its own unprivileged user the count
+    is of the sockets on ``port`` still held open (``/proc/net/tcp``, readable
+    by all): the listener and every connection not closed yet, which is what
+    a flood of connections could leak. One test uses one kind of count
+    throughout, so comparisons against a baseline stay meaningful.
+    """
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except PermissionError:
+        return _tcp_sockets_on(port)
+
+
+def searchable_path(path: str | None = None) -> str:
+    """``path`` (default ``$PATH``) without the directories this user may not search.
+
+    A command looked up through a directory the user cannot enter fails with
+    EACCES rather than ENOENT (glibc's execvp and dash agree), so a test that
+    expects "not found" must not inherit, say, root's ``/root/...`` entries
+    when ``su`` keeps root's PATH for an unprivileged user.
+    """
+    entries = (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep)
+    return os.pathsep.join(d for d in entries if d and os.access(d, os.X_OK))
