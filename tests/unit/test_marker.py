@@ -739,31 +739,38 @@ def test_cleanup_main_default_var_as_command(tmp_path: Path) -> None:
         sess.close()
 
 
-def test_cleanup_main_reports_leftovers(
-    session: Session, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """An unmarked spawner outpaces a short cleanup: exit 1 with the survivors listed."""
-    go = session.tmp / "go"
-    go.touch()
-    spawner = session.reaped(str(go), mode="spawn")
-    try:
-        session.wait_marked(5)
-        outcomes: list[tuple[int, dict[str, Any]]] = []
-        for _ in range(5):
-            rc = cleanup_main(["--marker", session.marker, "--marker-var", VAR, "--timeout", "0.3"])
-            line = json.loads(capsys.readouterr().out)
-            assert rc == (1 if line["remaining"] else 0)
-            outcomes.append((rc, line))
-            if rc == 1:
-                break
-        rc, line = outcomes[-1]
-        assert rc == 1, outcomes
-        assert line["killed"] >= 1 and line["rounds"] >= 1
-        assert spawner.pid not in line["remaining"]
-        assert spawner.proc.poll() is None, "the unmarked spawner is never touched"
-    finally:
-        go.unlink()
-    assert spawner.proc.stdout is not None
-    assert json.loads(spawner.proc.stdout.readline()) == {"stopped": True}
+# Runs execd cleanup with few descriptors: one round may then hold (and kill)
+# only 16 processes through pidfds (``_fd_budget``), whoever runs it.
+FEW_FDS_CLEANUP = r"""
+import resource, sys
+from execd.marker import cleanup_main
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(40, hard), hard))
+sys.exit(cleanup_main(sys.argv[1:]))
+"""
+CROWD = 24
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3)")
+def test_cleanup_main_reports_leftovers(session: Session) -> None:
+    """More marked processes than one round may hold, and no time for another: exit 1."""
+    bystander = session.popen([SLEEP, "300"], env={k: v for k, v in os.environ.items() if k != VAR})
+    crowd = [session.popen([SLEEP, "300"]) for _ in range(CROWD)]
+    session.wait_marked(CROWD)
+    out = subprocess.run(
+        [PY, "-c", FEW_FDS_CLEANUP, "--marker", session.marker, "--marker-var", VAR, "--timeout=0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out
+    line = json.loads(out.stdout)
+    assert line["event"] == "cleanup" and line["rounds"] == 1
+    assert 1 <= line["killed"] < CROWD
+    left = line["remaining"]
+    assert line["killed"] + len(left) == CROWD
+    assert sorted(left) == sorted(p.pid for p in crowd if p.poll() is None)
+    # A cleanup with time for more rounds finishes the job; the unmarked one is spared.
     assert cleanup(VAR, session.marker, timeout=30).remaining == []
-    spawner.finish()
+    assert all(_dead(p) == -signal.SIGKILL for p in crowd)
+    assert bystander.poll() is None
