@@ -28,7 +28,7 @@ from execd.errors import (
 from execd.shell import ShellCapability
 from protocol.api import shell as api
 from tests.support.local_ctx import LocalContext
-from tests.support.procs import alive
+from tests.support.procs import alive, searchable_path
 
 MARKER_VAR = "EXECD_MARKER"
 Main = Callable[[ShellCapability], Coroutine[Any, Any, None]]
@@ -147,7 +147,10 @@ def test_cwd_env_unset_and_marker(run: Runner, tmp_path: Path) -> None:
 def test_spawn_errors_are_typed(run: Runner, tmp_path: Path) -> None:
     async def main(cap: ShellCapability) -> None:
         with pytest.raises(SpawnFailed) as info:
-            await cap.shell_run(run_params(argv=["no-such-command-xyz"]), LocalContext())
+            await cap.shell_run(
+                run_params(argv=["no-such-command-xyz"], env={"PATH": searchable_path()}),
+                LocalContext(),
+            )
         assert info.value.data["errno"] == "ENOENT"
         with pytest.raises(SpawnFailed) as info:
             await cap.shell_run(
