@@ -1,7 +1,10 @@
 """Marker cleanup across users: a cleaner only ever kills its own uid's processes.
 
 Runs as root and uses the existing unprivileged ``nobody`` account (uid and
-gid 65534) through ``setpriv`` from util-linux, so no user is created.
+gid 65534) through ``setpriv`` from util-linux, so no user is created. The
+cleaner runs as nobody with an interpreter and a copy of execd's packages that
+nobody can read (:mod:`tests.support.worker_env`): the tests' own interpreter
+may live in a home directory only root can enter.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from collections.abc import Iterator
 import pytest
 
 from execd.marker import child_environment, cleanup, find_marked, new_marker
+from tests.support.worker_env import (
+    WorkerPython,
+    WorkerPythonUnavailable,
+    make_package_dir,
+    prepare,
+)
 
 pytestmark = [
     pytest.mark.root,
@@ -105,18 +114,21 @@ class Procs:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def nobody_python() -> Iterator[WorkerPython]:
+    package_dir = make_package_dir()
+    try:
+        try:
+            worker = prepare(AS_NOBODY, package_dir)
+        except WorkerPythonUnavailable as exc:
+            pytest.skip(str(exc))
+        yield worker
+    finally:
+        shutil.rmtree(package_dir, ignore_errors=True)
+
+
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    probe = subprocess.run(
-        [*AS_NOBODY, sys.executable, "-c", "import execd.marker"],
-        env=_plain_env(),
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot run this interpreter or import execd: {probe.stderr[-300:]}")
     state = Procs()
     try:
         yield state
@@ -124,7 +136,7 @@ def procs() -> Iterator[Procs]:
         state.close()
 
 
-def test_cleanup_as_nobody_spares_other_uids(procs: Procs) -> None:
+def test_cleanup_as_nobody_spares_other_uids(procs: Procs, nobody_python: WorkerPython) -> None:
     root_owned = procs.start([SLEEP, "300"])
     nobody_owned = procs.start([*AS_NOBODY, SLEEP, "300"])
     mixed = procs.start([SETPRIV, f"--ruid={NOBODY}", SLEEP, "300"])
@@ -132,8 +144,8 @@ def test_cleanup_as_nobody_spares_other_uids(procs: Procs) -> None:
     procs.wait_uids(mixed, (NOBODY, 0))
 
     out = subprocess.run(
-        [*AS_NOBODY, sys.executable, "-c", CLEANER, VAR, procs.marker],
-        env=_plain_env(),
+        [*AS_NOBODY, nobody_python.python, "-c", CLEANER, VAR, procs.marker],
+        env=_plain_env() | nobody_python.environment(),
         cwd="/",
         capture_output=True,
         text=True,

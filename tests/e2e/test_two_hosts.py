@@ -51,7 +51,7 @@ from tests.e2e.netns import (
     system_user,
     two_hosts,
 )
-from tests.e2e.worker_env import (
+from tests.support.worker_env import (
     WorkerPython,
     WorkerPythonUnavailable,
     make_package_dir,
