@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -385,6 +386,44 @@ def test_readme_prefix_keeps_model_credentials_out(
     assert b"PATH=" in result.stdout
     if secret.encode() in result.stdout:
         raise CredentialLeak(f"{SECRET_VAR} reached the workspace through the prefix")
+
+
+def test_workspace_example_across_namespaces(
+    hosts: TwoHosts,
+    worker_user: SystemUser,
+    worker_python: WorkerPython,
+    workspace_root: Path,
+) -> None:
+    """examples/workspace.py as the README runs it for a network namespace."""
+    clean_env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(workspace_root),
+        **worker_python.environment(),
+    }
+    via = hosts.in_workspace(
+        [*run_as(worker_user), "env", "-i", *(f"{k}={v}" for k, v in clean_env.items())]
+    )
+    probe = (
+        f'id -u; grep -c "{hosts.workspace_if}:" /proc/net/dev; '
+        'test -n "$EXECD_MARKER" && echo marked; pwd'
+    )
+    example = [
+        *(sys.executable, str(Path(REPO_ROOT) / "examples" / "workspace.py")),
+        *("--via", shlex.join(via), "--execd", shlex.join(worker_python.execd_command())),
+        *("--bind-host", "0.0.0.0", "--connect-host", hosts.workspace_addr, "--encrypt"),
+        *("--cwd", str(workspace_root), "--", "sh", "-c", probe),
+    ]
+    done = subprocess.run(
+        hosts.in_harness(example),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == [str(worker_user.uid), "1", "marked", str(workspace_root)]
+    # Closing the session ended execd and everything of the worker's.
+    assert pids_of_uid(worker_user.uid) == []
 
 
 # -- the harness side (runs in a child process inside the harness namespace) ---------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.options import add_arguments
+from tests.support.procs import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,24 +105,12 @@ def test_a_library_users_mypy_sees_harnessd_types(tmp_path: Path) -> None:
     (tmp_path / "good.py").write_text(GOOD)
     (tmp_path / "bad.py").write_text(BAD)
     env = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")}
-    checked = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--cache-dir",
-            os.devnull,
-            "good.py",
-            "bad.py",
-        ],
+    checked = run_python(
+        *("-m", "mypy", "--strict", "--no-incremental", "--cache-dir", os.devnull),
+        *("good.py", "bad.py"),
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=280,
-        check=False,
     )
     lines = [line for line in checked.stdout.splitlines() if ": error:" in line]
     assert [line.split(":")[0] for line in lines] == ["bad.py"], checked.stdout

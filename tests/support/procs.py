@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -60,3 +62,18 @@ def searchable_path(path: str | None = None) -> str:
     """
     entries = (path if path is not None else os.environ.get("PATH", os.defpath)).split(os.pathsep)
     return os.pathsep.join(d for d in entries if d and os.access(d, os.X_OK))
+
+
+def run_python(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the tests' interpreter with ``args``; its output captured as text, any status."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

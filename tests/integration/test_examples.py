@@ -1,0 +1,79 @@
+"""The programs in examples/ run as written, here on this machine.
+
+The network-namespace form of ``workspace.py`` runs as root in
+``tests/e2e/test_two_hosts.py``; the ssh form runs through a local stand-in for
+ssh's remote shell (ssh joins its arguments into one line for ``sh -c``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from execd.marker import find_marked
+from tests.support.daemon import start_execd
+from tests.support.procs import run_python
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+EXECD = shlex.join([sys.executable, "-m", "execd"])
+# What sshd does with a command: one line, run by the remote user's shell.
+FAKE_SSH = shlex.join(["sh", "-c", 'exec sh -c "$*"', "remote"])
+
+
+def run_example(
+    name: str, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return run_python(str(EXAMPLES / name), *args, cwd=cwd, env=env)
+
+
+def test_quickstart(tmp_path: Path) -> None:
+    done = run_example("quickstart.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "typed error, wire code 200" in done.stdout
+    assert done.stdout.endswith("quickstart: ok\n")
+    assert list(tmp_path.iterdir()) == [], "the quick start leaves nothing in its directory"
+
+
+def test_workspace_through_a_local_prefix(tmp_path: Path) -> None:
+    script = 'echo out; echo err >&2; test -n "$EXECD_MARKER" && pwd; exit 3'
+    done = run_example(
+        "workspace.py",
+        *("--via", "env", "--execd", EXECD, "--state-dir", str(tmp_path / "state")),
+        *("--cwd", str(tmp_path), "--", "sh", "-c", script),
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, f"out\n{tmp_path}\n", "err\n")
+
+
+def test_workspace_through_an_ssh_like_prefix(tmp_path: Path) -> None:
+    """Arguments survive the remote shell's word splitting with ``--remote-shell``."""
+    tricky = ["a b", "it's", "$HOME", "*", ""]
+    done = run_example(
+        "workspace.py",
+        *("--via", FAKE_SSH, "--remote-shell", "--execd", EXECD),
+        *("--state-dir", str(tmp_path / "state state"), "--", "printf", "[%s]", *tricky),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "".join(f"[{arg}]" for arg in tricky)
+    assert (tmp_path / "state state").is_dir()
+
+
+def test_connect_to_a_running_execd(tmp_path: Path) -> None:
+    with start_execd(tmp_path) as daemon:
+        env = dict(os.environ, EXECD_TOKEN=f"{daemon.token}\n")
+        args = (daemon.host, str(daemon.port), "--")
+        done = run_example(
+            "connect.py", *args, "sh", "-c", "echo $EXECD_MARKER", cwd=tmp_path, env=env
+        )
+        assert (done.returncode, done.stdout) == (0, f"{daemon.marker}\n"), done.stderr
+        missing = run_example("connect.py", *args, "no-such-command-xyz", cwd=tmp_path, env=env)
+        assert missing.returncode == 127 and "cannot start no-such-command-xyz" in missing.stderr
+        env["EXECD_TOKEN"] = "wrong"
+        refused = run_example("connect.py", *args, "true", cwd=tmp_path, env=env)
+        assert refused.returncode == 2 and "authentication" in refused.stderr
+        assert find_marked("EXECD_MARKER", daemon.marker) == []
