@@ -45,14 +45,17 @@ def _open_for_upload(local_path: str) -> BinaryIO:
         fd = os.open(local_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise _local_error("upload", local_path, exc) from None
-    kind = os.fstat(fd).st_mode
-    if not stat.S_ISREG(kind):
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "is a directory" if stat.S_ISDIR(kind) else "is not a regular file"
+            name = "EISDIR" if stat.S_ISDIR(kind) else None
+            raise LocalFileError(f"upload: {local_path} {what}", local_path, name)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-        what = "is a directory" if stat.S_ISDIR(kind) else "is not a regular file"
-        name = "EISDIR" if stat.S_ISDIR(kind) else None
-        raise LocalFileError(f"upload: {local_path} {what}", local_path, name)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+        raise
 
 
 class ExecdClient(ServicesClient):
