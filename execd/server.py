@@ -17,9 +17,13 @@ task, which is answered with CANCELLED. When the connection closes, every
 task it started is cancelled and the ``on_close`` callbacks registered by
 handlers run (they kill non-detached commands, drop watches, ...).
 
-The :class:`Server` also keeps the lease: with ``--lease`` set and no
-authenticated connection for that long, it triggers the shutdown path that
-cleans up by marker.
+The :class:`Server` also keeps the lease: with ``--lease`` set, execd
+shuts down (the path that cleans up by marker) once no authenticated client
+has been heard from for that long -- no authenticated connection at all, or
+only connections that stay silent (a harness that vanished without closing
+TCP). Any frame from an authenticated client holds the lease; the client's
+keepalive pings hold it while the harness lives. One timer, re-armed for the
+moment the lease would run out, checks it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import inspect
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -270,6 +275,7 @@ class Server:
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
+        self._lease_since = time.monotonic()
         self.stopping = asyncio.Event()
         self.host = config.host
         self.port = config.port
@@ -311,16 +317,14 @@ class Server:
         """A connection finished its handshake."""
         self._unauthenticated.discard(proto)
         self._authenticated.add(proto)
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
-            self._lease_timer = None
 
     def release(self, proto: ServerProtocol) -> None:
         """A connection closed."""
         self._unauthenticated.discard(proto)
-        self._authenticated.discard(proto)
-        if not self._authenticated:
-            self._arm_lease()
+        if proto in self._authenticated:
+            self._authenticated.discard(proto)
+            if not self._authenticated:
+                self._lease_since = time.monotonic()
 
     @property
     def connection_count(self) -> int:
@@ -337,17 +341,30 @@ class Server:
         task.add_done_callback(self._background.discard)
 
     def _arm_lease(self) -> None:
-        lease = self.config.lease
-        if lease is None or self._lease_timer is not None or self.stopping.is_set():
+        if self.config.lease is None or self.stopping.is_set():
             return
-        loop = asyncio.get_running_loop()
-        self._lease_timer = loop.call_later(lease, self._lease_expired)
+        self._lease_since = time.monotonic()
+        self._lease_check()
 
-    def _lease_expired(self) -> None:
+    def _lease_check(self) -> None:
+        lease = self.config.lease
+        assert lease is not None
         self._lease_timer = None
-        if not self._authenticated:
+        if self.stopping.is_set():
+            return
+        heard = max((p.last_received for p in self._authenticated), default=self._lease_since)
+        left = heard + lease - time.monotonic()
+        if left > 0:
+            self._lease_timer = asyncio.get_running_loop().call_later(left, self._lease_check)
+            return
+        if self._authenticated:
+            log.warning(
+                "lease expired: no frame from any authenticated client for %g s; shutting down",
+                lease,
+            )
+        else:
             log.warning("lease expired with no authenticated connection; shutting down")
-            self.stopping.set()
+        self.stopping.set()
 
     async def close(self) -> None:
         """Stop listening, drop every connection, wait for background work."""
