@@ -14,28 +14,55 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import sys
+from typing import NoReturn
 
 from execd import marker
-from execd.app import Execd, announce
-from execd.config import DEFAULT_MARKER_VAR, Config, Limits
+from execd.app import Execd, StartupError, announce
+from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4
 _DEFAULTS = Limits()
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class StartupError(Exception):
-    """execd cannot start; ``status`` is the exit status to use."""
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become a StartupError: one line on stderr, an ``exited`` line, status 2."""
 
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+    def error(self, message: str) -> NoReturn:
+        raise StartupError(f"{message} (see {self.prog} --help)", 2)
+
+
+def _port(text: str) -> int:
+    value = int(text) if text.isascii() and text.isdigit() else -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0: any)")
+    return value
+
+
+def _lease(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (one of {', '.join(_LOG_LEVELS)})"
+        )
+    return text.upper()
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="execd",
         description=(
             "Workspace worker: serves shell, files, services, watches and the session ledger "
@@ -45,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=int, default=0, help="port to bind (default 0: kernel picks)"
+        "--port", type=_port, default=0, help="port to bind (default 0: the kernel picks)"
     )
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument(
@@ -57,10 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lease",
-        type=float,
-        help="seconds without an authenticated connection before cleaning up and exiting",
+        type=_lease,
+        help="clean up by marker and exit once no authenticated client has sent a frame for "
+        "this many seconds (default: no lease)",
     )
-    parser.add_argument("--state-dir", help="where the ledger lives (default ~/.local/state/execd)")
+    parser.add_argument(
+        "--state-dir",
+        help="where the ledger lives (default $XDG_STATE_HOME/execd or ~/.local/state/execd; "
+        "when that cannot be created, a private directory under the temporary directory)",
+    )
     parser.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections)
     parser.add_argument("--max-unauthenticated", type=int, default=_DEFAULTS.max_unauthenticated)
     parser.add_argument("--handshake-timeout", type=float, default=_DEFAULTS.handshake_timeout)
@@ -68,20 +100,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-processes", type=int, default=_DEFAULTS.max_processes)
     parser.add_argument("--max-frame", type=int, default=_DEFAULTS.max_frame)
     parser.add_argument("--output-cap", type=int, default=_DEFAULTS.output_cap)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}"
+    )
     return parser
 
 
 def _read_token(args: argparse.Namespace) -> bytes:
     if args.token_file:
+        path = args.token_file
         try:
-            with open(args.token_file, "rb") as handle:
+            with open(path, "rb") as handle:
                 token = handle.read(4096).strip()
         except OSError as exc:
-            raise StartupError(f"cannot read the token file: {exc.strerror}", 2) from None
+            marker.scrub_own_environment((TOKEN_VAR,))
+            raise StartupError(f"cannot read the token file {path}: {exc.strerror}", 2) from None
         if not args.keep_token_file:
             with contextlib.suppress(OSError):
-                os.unlink(args.token_file)
+                os.unlink(path)
+        if not token:
+            marker.scrub_own_environment((TOKEN_VAR,))
+            raise StartupError(f"the token file {path} is empty", 2)
     else:
         token = os.environ.get(TOKEN_VAR, "").strip().encode()
     marker.scrub_own_environment((TOKEN_VAR,))
@@ -99,9 +138,11 @@ def _config(args: argparse.Namespace) -> Config:
         marker.validate_marker(value)
     except ValueError as exc:
         raise StartupError(str(exc), 2) from None
-    state_dir = args.state_dir or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "execd"
-    )
+    fallback: str | None = None
+    if args.state_dir:
+        state_dir = _explicit_state_dir(os.path.abspath(args.state_dir))
+    else:
+        state_dir, fallback = default_state_dir()
     limits = Limits(
         max_connections=args.max_connections,
         max_unauthenticated=args.max_unauthenticated,
@@ -117,9 +158,20 @@ def _config(args: argparse.Namespace) -> Config:
         marker=value,
         marker_var=args.marker_var,
         lease=args.lease,
-        state_dir=os.path.abspath(state_dir),
+        state_dir=state_dir,
+        state_dir_fallback=fallback,
         limits=limits,
     )
+
+
+def _explicit_state_dir(path: str) -> str:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"cannot create the state directory {path}: {exc.strerror}", 1) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"cannot write to the state directory {path}", 1)
+    return path
 
 
 def _harden() -> None:
@@ -143,16 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
     if args_list and args_list[0] == "cleanup":
         return marker.cleanup_main(args_list[1:])
-    args = _parser().parse_args(args_list)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s execd[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        args = _parser().parse_args(args_list)
+        logging.basicConfig(
+            stream=sys.stderr,
+            level=getattr(logging, args.log_level),
+            format="%(asctime)s execd[%(process)d] %(levelname)s %(name)s: %(message)s",
+        )
         token = _read_token(args)
         config = _config(args)
-        os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+        if config.state_dir_fallback is not None:
+            logging.getLogger("execd").warning(
+                "%s; the ledger lives in %s", config.state_dir_fallback, config.state_dir
+            )
         _harden()
         status = _run(config, token)
     except StartupError as exc:
@@ -161,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.status
     except OSError as exc:
         message = f"{exc.strerror or exc}"
+        if exc.filename is not None:
+            message = f"{exc.filename}: {message}"
         print(f"execd: {message}", file=sys.stderr)
         announce({"event": "exited", "code": 1, "error": message})
         return 1

@@ -30,6 +30,18 @@ log = logging.getLogger("execd")
 VERSION = "0.1.0"
 
 
+class StartupError(Exception):
+    """execd cannot start; ``status`` is the exit status to use.
+
+    The message names what failed and where (the file, directory, host and
+    port); the command line prints it as one line.
+    """
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Capability(Protocol):
     """What every capability module exports."""
 
@@ -146,17 +158,24 @@ class Execd:
             loop.add_signal_handler(signum, self.server.stopping.set)
         reaper = Reaper()
         reaper.start()
-        await self.server.start()
-        announce(
-            {
-                "event": "listening",
-                "host": self.server.host,
-                "port": self.server.port,
-                "pid": os.getpid(),
-                "marker": self.config.marker,
-                "protocol": limits.PROTOCOL_VERSION,
-            }
-        )
+        try:
+            await self.server.start()
+        except OSError as exc:
+            reaper.stop()
+            where = f"{self.config.host}:{self.config.port}"
+            raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}", 1) from None
+        listening: dict[str, Any] = {
+            "event": "listening",
+            "host": self.server.host,
+            "port": self.server.port,
+            "pid": os.getpid(),
+            "marker": self.config.marker,
+            "protocol": limits.PROTOCOL_VERSION,
+            "state_dir": self.config.state_dir,
+        }
+        if self.config.state_dir_fallback is not None:
+            listening["state_dir_fallback"] = self.config.state_dir_fallback
+        announce(listening)
         await self.server.stopping.wait()
         await self.server.close()
         report = await self.cleanup()

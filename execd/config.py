@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 
 DEFAULT_MARKER_VAR = "EXECD_MARKER"
@@ -43,9 +45,51 @@ class Config:
     marker_var: str = DEFAULT_MARKER_VAR
     lease: float | None = None
     state_dir: str = ""
+    state_dir_fallback: str | None = None
+    """Why ``state_dir`` is the temporary fallback (None: it is the one asked for)."""
     limits: Limits = field(default_factory=Limits)
 
     @property
     def ledger_dir(self) -> str:
         """Where the session ledgers live (documented; exported to children)."""
         return os.path.join(self.state_dir, "ledger")
+
+
+def default_state_dir() -> tuple[str, str | None]:
+    """execd's state directory when none is given, and why it fell back (None: it did not).
+
+    ``$XDG_STATE_HOME/execd``, else ``~/.local/state/execd``, created with mode
+    0700. When that cannot be created or written (a ``HOME`` the worker cannot
+    write, as ``setpriv`` leaves it), a private directory under the temporary
+    directory instead: ``execd-state-<uid>``, used only when it is a real
+    directory owned by this user (then set to 0700), else a fresh one.
+    """
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    wanted = os.path.abspath(os.path.join(base, "execd"))
+    try:
+        os.makedirs(wanted, mode=0o700, exist_ok=True)
+        if os.access(wanted, os.W_OK | os.X_OK):
+            return wanted, None
+        reason = f"cannot write to {wanted}"
+    except OSError as exc:
+        reason = f"cannot create {wanted}: {exc.strerror}"
+    return _private_temp_dir(), reason
+
+
+def _private_temp_dir() -> str:
+    uid = os.getuid()
+    path = os.path.join(tempfile.gettempdir(), f"execd-state-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix=f"execd-state-{uid}-")
+    # Someone else may have made the name first (or planted a symlink): only a
+    # directory of our own is reused, and then made private whatever its mode.
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return tempfile.mkdtemp(prefix=f"execd-state-{uid}-")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
