@@ -31,6 +31,13 @@ instead. Then the log is watched for execd's exit, the token file is removed
 if still there, and the log is kept (``keep_log=False`` removes it and, when
 :func:`serve` created it, the working directory).
 
+Every launched execd has a lease (:data:`DEFAULT_LEASE` unless ``serve``
+is told otherwise): execd cleans up by its marker and exits once no frame has
+come from an authenticated client for that long. The client's keepalive pings
+hold the lease while this process lives, so a harness that is SIGKILLed, or
+whose machine vanishes, leaves nothing behind for longer than the lease.
+``lease=None`` turns it off (execd then lives until closed).
+
 A lost connection (reset, or no answer to keepalives for three intervals)
 fails calls with :class:`~harnessd.errors.ConnectionLost`;
 :meth:`Session.reconnect` opens a new connection to the same execd.
@@ -42,6 +49,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import posixpath
 import re
 import secrets
@@ -61,6 +69,12 @@ from protocol.api.core import CloseReport
 log = logging.getLogger("harnessd.launcher")
 
 DEFAULT_MARKER_VAR = "EXECD_MARKER"
+DEFAULT_LEASE = 30.0
+"""Seconds a launched execd outlives the last frame from its harness (see :func:`serve`)."""
+
+LEASE_PINGS = 3
+"""Keepalive pings per lease at least: a late ping or two never costs the lease."""
+
 LOG_TAIL_LINES = 40
 """How many trailing log lines a LaunchFailed carries."""
 
@@ -71,6 +85,7 @@ _SH = "/bin/sh"
 _POLL_FIRST = 0.02
 _POLL_MAX = 0.25
 _SETTLE = 0.05
+_LATE_ANNOUNCE = 5.0
 _MAX_LINE = 1000
 _REDACTED = "[token redacted]"
 _MARKER_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -356,7 +371,7 @@ def serve(
     workdir: str | None = None,
     marker: str | None = None,
     marker_var: str = DEFAULT_MARKER_VAR,
-    lease: float | None = None,
+    lease: float | None = DEFAULT_LEASE,
     encrypt: bool | str = False,
     start_timeout: float = 15.0,
     extra_args: Sequence[str] = (),
@@ -377,19 +392,26 @@ def serve(
     ``workdir``: a private directory in the workspace for the token file and
     the log (default: a new ``/tmp/execd-<random>``, mode 0700; a given one is
     created with ``mkdir -p -m 700`` if missing). ``marker``: the session
-    marker (default: 32 random hex digits). ``lease``: execd cleans up and
-    exits after this many seconds without an authenticated connection.
+    marker (default: 32 random hex digits). ``lease``: execd cleans up by the
+    marker and exits once no authenticated client has sent it a frame for
+    this many seconds (default :data:`DEFAULT_LEASE`), so after this process
+    is SIGKILLed, its machine vanishes or the network drops, nothing is left
+    for longer than that; ``lease=None`` is the explicit way to turn it off.
     ``encrypt``/``keepalive``/``connect_timeout``: passed to
-    :func:`harnessd.api.connect`. ``start_timeout``: how long execd may take to
+    :func:`harnessd.api.connect`; the keepalive pings hold the lease, so with
+    a lease ``keepalive`` must be set, and it is shortened to ``lease /
+    LEASE_PINGS`` when longer. ``start_timeout``: how long execd may take to
     announce. ``cleanup_timeout``: the budget of marker cleanup at close.
+    Raises ValueError for a lease that is not a positive number of seconds.
 
     Raises :class:`~harnessd.errors.LaunchFailed` (message with execd's log
     tail, never the token) when execd cannot be started, dies during startup,
-    or cannot be reached. After a failed launch the token file is gone and the
-    log stays in the working directory for inspection. A worker that started
-    but never announced within ``start_timeout`` cannot be stopped without a
-    PID; it exits on its own if it had not yet read the (removed) token file,
-    and ``lease`` bounds its life otherwise.
+    or cannot be reached. After a failed (or cancelled) launch the token file
+    is gone, a worker that announces within a few more seconds is closed
+    again, and the log stays in the working directory for inspection. A
+    worker that never announced cannot be stopped without a PID; it exits on
+    its own if it had not yet read the (removed) token file, and ``lease``
+    bounds its life otherwise.
 
     The result is awaitable (``session = await serve(...)``) and an async
     context manager (``async with serve(...) as session:`` closes on exit).
@@ -407,6 +429,12 @@ def serve(
     directory = workdir if workdir is not None else f"/tmp/execd-{secrets.token_hex(8)}"  # noqa: S108
     if not posixpath.isabs(directory):
         raise ValueError("workdir must be an absolute path in the workspace")
+    if lease is not None:
+        if not (math.isfinite(lease) and lease > 0):
+            raise ValueError("lease must be a positive number of seconds (None: no lease)")
+        if keepalive is None:
+            raise ValueError("a lease needs keepalive pings to hold it: set keepalive")
+        keepalive = min(keepalive, lease / LEASE_PINGS)
     tag = value[:12]
     options = _Options(
         execd_command=command,
@@ -499,7 +527,8 @@ class _Plan:
                 keepalive=self.options.keepalive,
             )
         except BaseException as exc:
-            await _bounded(self._abandon(token, announced))
+            late = not isinstance(exc, LaunchFailed)
+            await _bounded(self._abandon(token, announced, wait_late=late))
             if isinstance(exc, LaunchFailed):
                 raise
             if isinstance(exc, HarnessError):
@@ -605,9 +634,18 @@ class _Plan:
         with contextlib.suppress(HarnessError):
             await self.runtime.run(["rm", "-f", "--", self.options.token_path], timeout=30.0)
 
-    async def _abandon(self, token: str, announced: _Announcement | None) -> None:
-        """Undo a launch that failed after execd was started (best effort)."""
+    async def _abandon(
+        self, token: str, announced: _Announcement | None, *, wait_late: bool = False
+    ) -> None:
+        """Undo a launch that failed after execd was started (best effort).
+
+        With ``wait_late`` (the launch was interrupted, not timed out) a worker
+        that has not announced yet is given a few seconds to do so and then
+        closed like one that had.
+        """
         await self._discard_token()
+        if announced is None and wait_late:
+            announced = await self._late_announcement(token)
         if announced is None:
             return
         data = b""
@@ -622,6 +660,24 @@ class _Plan:
             )
             async with client:
                 await client.close_session(shutdown=True, timeout=self.options.cleanup_timeout)
+
+    async def _late_announcement(self, token: str) -> _Announcement | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(self.start_timeout, _LATE_ANNOUNCE)
+        while True:
+            data = b""
+            with contextlib.suppress(WorkspaceError):
+                data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
+            exited, listening = _scan(data)
+            if exited is not None:
+                return None
+            if listening is not None:
+                with contextlib.suppress(LaunchFailed):
+                    return self._check(listening, data, token)
+                return None
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(_POLL_MAX)
 
 
 async def _bounded(work: Awaitable[None], limit: float = 30.0) -> None:

@@ -498,3 +498,93 @@ def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
             assert token not in handle.read()
 
     arun(main)
+
+
+# -- lease -------------------------------------------------------------------------
+
+# Runs execd after writing its argv to ARGV_FILE (one item a line).
+_RECORD_ARGV = 'printf "%s\\n" "$@" > "$ARGV_FILE"; exec "$PYTHON" -m execd "$@"'
+
+
+def test_every_launched_execd_has_a_lease_unless_it_is_turned_off(tmp_path: Path) -> None:
+    record = tmp_path / "argv"
+    command = [
+        "env",
+        f"ARGV_FILE={record}",
+        f"PYTHON={sys.executable}",
+        "sh",
+        "-c",
+        _RECORD_ARGV,
+        "sh",
+    ]
+
+    async def launched_with(**options: Any) -> list[str]:
+        async with serve(execd_command=command, **private(tmp_path), **options) as session:
+            await session.client.noop()
+        return record.read_text().splitlines()
+
+    async def main() -> None:
+        default = await launched_with()
+        assert default[default.index("--lease") + 1] == repr(launcher.DEFAULT_LEASE)
+        chosen = await launched_with(lease=7.5)
+        assert chosen[chosen.index("--lease") + 1] == "7.5"
+        assert "--lease" not in await launched_with(lease=None)
+
+    arun(main)
+
+
+@pytest.mark.parametrize("lease", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_lease_must_be_a_positive_number_of_seconds(lease: float) -> None:
+    with pytest.raises(ValueError, match="lease"):
+        serve(lease=lease)
+
+
+def test_a_lease_needs_keepalive_pings() -> None:
+    with pytest.raises(ValueError, match="keepalive"):
+        serve(lease=10.0, keepalive=None)
+    serve(lease=None, keepalive=None)  # no lease, no pings: allowed
+
+
+# Keeps a copy of the token file, then starts execd a second later with the copy:
+# a worker that announces only after its launch was given up.
+_SLOW_START = """
+kept=""
+prev=""
+for arg in "$@"; do
+    if [ "$prev" = --token-file ]; then kept="$arg.kept"; cp "$arg" "$kept"; fi
+    prev=$arg
+done
+sleep 0.5
+exec "$PYTHON" -m execd "$@" --token-file "$kept"
+"""
+
+
+def test_a_launch_cancelled_before_the_announcement_still_closes_execd(tmp_path: Path) -> None:
+    command = ["env", f"PYTHON={sys.executable}", "sh", "-c", _SLOW_START, "sh"]
+    workdir = tmp_path / "work"
+
+    async def main() -> None:
+        task = asyncio.ensure_future(
+            serve(
+                execd_command=command,
+                workdir=str(workdir),
+                extra_args=("--state-dir", str(tmp_path / "s")),
+            )
+        )
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    arun(main)
+    log = next(workdir.glob("execd-*.log")).read_text()
+    # By the time the cancelled launch returned, the late worker had announced and
+    # been told to shut down: its own exit line and the supervisor's are both there.
+    assert '"event": "listening"' in log
+    listening = next(line for line in log.splitlines() if '"listening"' in line)
+    pid = int(listening.split('"pid": ')[1].split(",")[0])
+    deadline = time.monotonic() + 15
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+    assert '"source": "supervisor"' in next(workdir.glob("execd-*.log")).read_text()
