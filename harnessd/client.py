@@ -34,6 +34,7 @@ from harnessd.errors import (
     ConnectFailed,
     ConnectionLost,
     HandshakeFailed,
+    NotAnExecd,
     ProtocolViolation,
     remote_error,
 )
@@ -41,13 +42,23 @@ from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
-from protocol.errors import ErrorCode, RemoteProtocolError
+from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
 from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
 
 T = TypeVar("T")
 
 _EMPTY_PARAMS = msgspec.Raw(b"\x80")
+#: Violations only a peer that does not speak the protocol commits before its Challenge.
+_FOREIGN_PEER = frozenset(
+    {
+        ErrorCode.FRAME_TOO_LARGE,
+        ErrorCode.MALFORMED_MESSAGE,
+        ErrorCode.INVALID_MESSAGE,
+        ErrorCode.UNKNOWN_MESSAGE_TYPE,
+        ErrorCode.UNEXPECTED_MESSAGE,
+    }
+)
 #: Events kept for topics nobody has subscribed to yet (oldest topics dropped first).
 MAX_EARLY_EVENTS = 4096
 
@@ -118,9 +129,18 @@ class ClientProtocol(FramedProtocol):
         return events
 
     def handle_closed(self, reason: BaseException | None) -> None:
-        if isinstance(reason, RemoteProtocolError):
+        if not self.ready.done() and (
+            (isinstance(reason, RemoteProtocolError) and reason.code in _FOREIGN_PEER)
+            or not isinstance(reason, ProtocolError | HandshakeFailed | ProtocolViolation)
+        ):
+            failure: BaseException = NotAnExecd(
+                "it answered with bytes that are not the execd protocol"
+                if isinstance(reason, RemoteProtocolError)
+                else "it closed the connection without answering the handshake"
+            )
+        elif isinstance(reason, RemoteProtocolError):
             if reason.code == ErrorCode.AUTH_FAILED:
-                failure: BaseException = AuthenticationFailed(
+                failure = AuthenticationFailed(
                     "execd did not prove knowledge of the token", int(reason.code)
                 )
             else:
@@ -375,7 +395,11 @@ async def open_connection(
             info = await proto.ready
     except TimeoutError:
         proto.abort(HandshakeFailed("handshake timed out"), code=ErrorCode.HANDSHAKE_TIMEOUT)
-        raise HandshakeFailed(f"handshake with {host}:{port} timed out after {timeout} s") from None
+        raise HandshakeFailed(
+            f"not an execd at {host}:{port}? no answer to the handshake within {timeout:g} s"
+        ) from None
+    except NotAnExecd as exc:
+        raise NotAnExecd(f"not an execd at {host}:{port}: {exc}") from None
     except BaseException:
         if not proto.closed:
             proto.abort(None)

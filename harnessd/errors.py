@@ -27,6 +27,7 @@ __all__ = [
     "HarnessError",
     "LaunchFailed",
     "LocalFileError",
+    "NotAnExecd",
     "ProtocolViolation",
     "RemoteError",
     "remote_error",
@@ -55,6 +56,10 @@ class HandshakeFailed(HarnessError):
 
 class AuthenticationFailed(HandshakeFailed):
     """One side could not prove knowledge of the token (wrong token)."""
+
+
+class NotAnExecd(HandshakeFailed):
+    """The peer does not speak the execd protocol (an HTTP server, say), or hung up unanswered."""
 
 
 class ProtocolViolation(HarnessError):
