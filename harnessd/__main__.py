@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from harnessd import cli_agent, cli_bench, cli_exec
+from harnessd.cli_common import Parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="harnessd",
         description="Harness side of split execution: talk to execd in a workspace.",
     )

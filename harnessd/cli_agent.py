@@ -6,15 +6,22 @@ against a workspace: an execd already running (``--port``, token from
 ``--token-file`` or ``$EXECD_TOKEN``), or a local one launched for the run.
 The API key is read from the variable named by ``--api-key-env`` and stays in
 this process: a locally launched execd is started without that variable.
+
+Everything that can be checked is checked before execd starts (the trace
+file, the workspace directory, the token, the model's configuration); once
+execd runs, every way out -- success, an error, SIGINT, SIGTERM, SIGHUP --
+closes the session first (see :func:`harnessd.cli_common.run_session`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
+import re
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from harnessd.agent import (
     DEFAULT_SYSTEM_PROMPT,
@@ -23,14 +30,25 @@ from harnessd.agent import (
     AgentSession,
 )
 from harnessd.api import ExecdClient, connect
-from harnessd.demo import TranscriptPrinter, run_demo
-from harnessd.errors import HarnessError
-from harnessd.launcher import Session, serve
-from harnessd.models import OpenAIChatModel
+from harnessd.cli_common import (
+    USAGE,
+    UsageError,
+    port_number,
+    positive_int,
+    positive_seconds,
+    run_session,
+    say,
+)
+from harnessd.demo import TranscriptPrinter, demo_model, run_demo
+from harnessd.errors import RemoteError
+from harnessd.launcher import DEFAULT_LEASE, Session, serve
+from harnessd.models import ModelConfigError, OpenAIChatModel, ScriptedModel
 from harnessd.runtime import LocalRuntime
 from harnessd.token import read_token
 from harnessd.tools import ToolConfig
-from harnessd.trace import Trace
+from harnessd.trace import Listener, Trace
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +58,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     demo.add_argument("--trace", help="write the session's JSONL trace to this file")
     demo.add_argument("--encrypt", action="store_true", help="encrypt every frame")
+    demo.add_argument(
+        "--script",
+        help="run this scripted task (JSON: {task, turns: [{content, tool_calls}]}) "
+        "instead of the built-in one; {{python}} and {{port}} are filled in",
+    )
+    demo.add_argument(
+        "--lease",
+        type=positive_seconds,
+        default=DEFAULT_LEASE,
+        help="execd cleans up and exits after this many seconds without hearing from "
+        f"this process (default {DEFAULT_LEASE:g})",
+    )
     demo.set_defaults(func=demo_main)
 
     run = sub.add_parser("run", help="run a model (OpenAI-compatible API) against a workspace")
@@ -47,10 +77,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--base-url", required=True, help="e.g. https://api.openai.com/v1")
     run.add_argument("--api-key-env", help="NAME of the environment variable holding the API key")
     run.add_argument("--task", required=True, help="what the agent should do")
-    run.add_argument("--max-turns", type=int, default=30)
-    run.add_argument("--turn-timeout", type=float, default=600.0, help="seconds per turn's tools")
-    run.add_argument("--session-timeout", type=float, default=3600.0)
-    run.add_argument("--output-cap", type=int, default=16_000, help="characters per tool result")
+    run.add_argument("--max-turns", type=positive_int, default=30)
+    run.add_argument(
+        "--turn-timeout", type=positive_seconds, default=600.0, help="seconds per turn's tools"
+    )
+    run.add_argument("--session-timeout", type=positive_seconds, default=3600.0)
+    run.add_argument(
+        "--output-cap", type=positive_int, default=16_000, help="characters per tool result"
+    )
     run.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT)
     run.add_argument("--trace", help="write the session's JSONL trace to this file")
     run.add_argument(
@@ -59,74 +93,132 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "for a local execd, execd's working directory for a running one)",
     )
     run.add_argument("--host", default="127.0.0.1", help="host of a running execd")
-    run.add_argument("--port", type=int, help="port of a running execd (else launch one)")
+    run.add_argument("--port", type=port_number, help="port of a running execd (else launch one)")
     run.add_argument("--token-file", help="token of the running execd (else $EXECD_TOKEN)")
     run.add_argument("--encrypt", action="store_true", help="encrypt every frame")
+    run.add_argument(
+        "--lease",
+        type=positive_seconds,
+        default=DEFAULT_LEASE,
+        help="a launched execd cleans up and exits after this many seconds without hearing "
+        f"from this process (default {DEFAULT_LEASE:g})",
+    )
     run.set_defaults(func=run_main)
 
 
-def _run_async(main: Callable[[], Awaitable[int]], prog: str) -> int:
-    import uvloop
-
-    async def wrapped() -> int:
-        return await main()
-
+def open_trace(path: str | None, listeners: Sequence[Listener]) -> Trace:
+    """The session's trace, or UsageError naming the file when it cannot be written."""
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(wrapped())
-    except HarnessError as exc:
-        print(f"harnessd {prog}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"harnessd {prog}: interrupted", file=sys.stderr)
-        return 130
+        return Trace(path, listeners=list(listeners))
+    except OSError as exc:
+        raise UsageError(f"cannot write the trace file {path}: {exc.strerror or exc}") from None
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """Entry of ``harnessd demo``."""
-    return _run_async(lambda: run_demo(trace_path=args.trace, encrypt=bool(args.encrypt)), "demo")
+    """Entry of ``harnessd demo``: check the script and the trace file, then run the demo."""
+    try:
+        model = _demo_model(args.script)
+        trace = open_trace(args.trace, ())
+    except UsageError as exc:
+        say(f"harnessd demo: {exc}")
+        return USAGE
+
+    async def main() -> int:
+        return await run_demo(
+            trace=trace, encrypt=bool(args.encrypt), lease=args.lease, model=model
+        )
+
+    return run_session(main, "harnessd demo")
+
+
+def _demo_model(script: str | None) -> ScriptedModel:
+    if script is None:
+        return demo_model()
+    try:
+        with open(script, "rb") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read the script {script}: {exc.strerror or exc}") from None
+    try:
+        return demo_model(text)
+    except ModelConfigError as exc:
+        raise UsageError(f"{script}: {exc}") from None
 
 
 def run_main(args: argparse.Namespace) -> int:
-    """Entry of ``harnessd run``."""
-    if args.max_turns < 1:
-        print("harnessd run: --max-turns must be at least 1", file=sys.stderr)
-        return 2
-    return _run_async(lambda: run_agent(args), "run")
-
-
-async def run_agent(args: argparse.Namespace) -> int:
-    """Launch or connect, run the session, report, clean up; return the exit status."""
-    model = OpenAIChatModel(args.model, args.base_url, args.api_key_env)
-    secret_vars = [args.api_key_env] if args.api_key_env else []
-    session: Session | None = None
-    if args.port is not None:
-        client = await connect(
-            args.host, args.port, read_token(args.token_file), encrypt=bool(args.encrypt)
-        )
-        workspace = args.workspace
-
-        def current() -> ExecdClient:
-            return client
-
-        reconnect = None
-    else:
-        workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
-        # The runtime drops the key's variable (and anything credential-like)
-        # from execd's environment, so no command in the workspace sees it.
-        session = await serve(LocalRuntime(scrub=secret_vars), encrypt=bool(args.encrypt))
-        print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
-        launched = session
-
-        def current() -> ExecdClient:
-            return launched.client
-
-        reconnect = launched.reconnect
-    if workspace:
-        print(f"workspace: {workspace}")
-    trace = Trace(args.trace, listeners=[TranscriptPrinter(sys.stdout)])
-    result: AgentResult | None = None
+    """Entry of ``harnessd run``: check everything checkable, then run the session."""
     try:
+        ready = _prepare(args)
+    except UsageError as exc:
+        say(f"harnessd run: {exc}")
+        return USAGE
+    return run_session(lambda: run_agent(args, ready), "harnessd run")
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """What ``run`` checked and opened before anything was started."""
+
+    model: OpenAIChatModel
+    token: str | None
+    trace: Trace
+
+
+def _prepare(args: argparse.Namespace) -> _Ready:
+    model = _model(args)
+    token = _token(args.token_file) if args.port is not None else None
+    if token is None and args.workspace is not None and not os.path.isdir(args.workspace):
+        raise UsageError(f"the workspace {args.workspace} is not a directory")
+    trace = open_trace(args.trace, [TranscriptPrinter(sys.stdout)])
+    return _Ready(model, token, trace)
+
+
+def _model(args: argparse.Namespace) -> OpenAIChatModel:
+    name: str | None = args.api_key_env
+    # The value is never repeated back: it may be the key itself, pasted by mistake.
+    if name is not None and not _VARIABLE_NAME.fullmatch(name):
+        raise UsageError(
+            "--api-key-env takes the NAME of an environment variable, and the value given "
+            "is not a variable name (not shown, in case it is the key itself)"
+        )
+    if name is not None and not os.environ.get(name, "").strip():
+        raise UsageError(
+            "the environment variable named by --api-key-env is unset or empty "
+            "(its name is not shown, in case it is the key itself)"
+        )
+    try:
+        return OpenAIChatModel(args.model, args.base_url, name)
+    except ModelConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
+    """Launch or connect, run the session, report, clean up; return the exit status."""
+    model, token, trace = ready.model, ready.token, ready.trace
+    session: Session | None = None
+    client: ExecdClient | None = None
+    try:
+        current: Callable[[], ExecdClient]
+        if token is not None:
+            client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
+            workspace = args.workspace
+            if workspace is not None:
+                await _check_remote_workspace(client, workspace, f"{args.host}:{args.port}")
+            remote = client
+            current, reconnect = (lambda: remote), None
+        else:
+            workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
+            # The runtime drops the key's variable (and anything credential-like)
+            # from execd's environment, so no command in the workspace sees it.
+            scrub = [args.api_key_env] if args.api_key_env else []
+            session = await serve(
+                LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease
+            )
+            print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
+            launched = session
+            current, reconnect = (lambda: launched.client), launched.reconnect
+        if workspace:
+            print(f"workspace: {workspace}")
         agent = AgentSession(
             model,
             current,
@@ -141,17 +233,33 @@ async def run_agent(args: argparse.Namespace) -> int:
             reconnect=reconnect,
         )
         print(f"ledger session: {agent.session_id}")
-        result = await agent.run(args.task)
+        result: AgentResult = await agent.run(args.task)
         if result.final_text:
             print(f"\nfinal answer:\n{result.final_text}")
         if result.error:
             print(f"stopped: {result.error}")
+        return 0 if result.stop_reason == "finished" else 1
     finally:
         if session is not None:
             closed = await session.close()
             trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
             print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
-        else:
-            await current().close()
+        elif client is not None:
+            await client.close()
         trace.close()
-    return 0 if result is not None and result.stop_reason == "finished" else 1
+
+
+def _token(path: str | None) -> str:
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def _check_remote_workspace(client: ExecdClient, path: str, where: str) -> None:
+    try:
+        kind = (await client.stat(path)).type
+    except RemoteError as exc:
+        raise UsageError(f"the workspace {path} on execd at {where}: {exc}") from None
+    if kind != "dir":
+        raise UsageError(f"the workspace {path} on execd at {where} is not a directory")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
-from harnessd.launcher import CloseResult, serve
+from harnessd.launcher import DEFAULT_LEASE, CloseResult, serve
 from harnessd.models import ScriptedModel
 from harnessd.runtime import LocalRuntime
 from harnessd.tools import ToolConfig
@@ -93,48 +93,71 @@ class TranscriptPrinter:
         )
 
 
+def demo_model(script: str | bytes | None = None) -> ScriptedModel:
+    """The demo's scripted model: the built-in task, or ``script`` (JSON, see ScriptedModel).
+
+    ``{{python}}`` becomes this interpreter (quoted for a shell) and
+    ``{{port}}`` a TCP port that was free a moment ago. Raises
+    ModelConfigError for a script that does not parse.
+    """
+    variables = {"python": shlex.quote(sys.executable), "port": free_port()}
+    if script is None:
+        return ScriptedModel.from_resource(SCRIPT_PACKAGE, SCRIPT_RESOURCE, variables=variables)
+    return ScriptedModel.from_json(script, variables=variables)
+
+
 async def run_demo(
-    *, trace_path: str | None = None, encrypt: bool = False, out: TextIO | None = None
+    *,
+    trace: Trace | None = None,
+    encrypt: bool = False,
+    out: TextIO | None = None,
+    lease: float | None = DEFAULT_LEASE,
+    model: ScriptedModel | None = None,
 ) -> int:
-    """Run the demo; return the exit status (0: every step worked and nothing was left)."""
+    """Run the demo; return the exit status (0: every step worked and nothing was left).
+
+    ``trace`` (default: none kept) gets every record and is closed at the end;
+    the transcript goes to ``out`` (default stdout). ``lease`` is execd's (see
+    :func:`~harnessd.launcher.serve`); ``model`` defaults to :func:`demo_model`.
+    However the demo ends -- also cancelled, as the command line does on
+    SIGINT, SIGTERM and SIGHUP -- the session is closed and the workspace
+    removed before this returns or raises.
+    """
     stream = out if out is not None else sys.stdout
+    scripted = model if model is not None else demo_model()
+    records = trace if trace is not None else Trace()
+    records.add_listener(TranscriptPrinter(stream))
     workspace = Path(tempfile.mkdtemp(prefix="harnessd-demo-"))
-    trace: Trace | None = None
     try:
         root = workspace / "work"
         root.mkdir()
-        model = ScriptedModel.from_resource(
-            SCRIPT_PACKAGE,
-            SCRIPT_RESOURCE,
-            variables={"python": shlex.quote(sys.executable), "port": free_port()},
-        )
-        trace = Trace(trace_path, listeners=[TranscriptPrinter(stream)])
-        print(f"workspace: {workspace} (removed at the end)", file=stream)
+        print(f"workspace: {workspace} (removed at the end)", file=stream, flush=True)
         session = await serve(
             LocalRuntime(),
             workdir=str(workspace / "execd"),
             extra_args=("--state-dir", str(workspace / "state")),
             encrypt=encrypt,
-            lease=300.0,
+            lease=lease,
         )
         print(
             f"execd up at {session.host}:{session.port} (pid {session.pid}, "
             f"cipher {session.client.cipher}, marker {session.marker})",
             file=stream,
+            flush=True,
         )
         result: AgentResult | None = None
         verified = -1
         failure: str | None = None
         try:
             agent = AgentSession(
-                model,
+                scripted,
                 lambda: session.client,
                 reconnect=session.reconnect,
                 tools=ToolConfig(root=str(root)),
-                trace=trace,
+                trace=records,
                 limits=AgentLimits(max_turns=30, turn_timeout=120.0, session_timeout=300.0),
             )
-            result = await agent.run(model.task or "run the demo", close_tools=False)
+            result = await agent.run(scripted.task or "run the demo", close_tools=False)
             verified = await agent.sync.verify_remote(session.client)
             print(
                 f"ledger: {verified} entries read back from execd, hash chain and payloads "
@@ -145,16 +168,18 @@ async def run_demo(
             failure = f"{type(exc).__name__}: {exc}"
             print(f"demo failed: {failure}", file=stream)
         finally:
+            # Runs when cancelled too: the cleanup report is printed, then the
+            # cancellation goes on.
             closed = await session.close()
-        trace.emit(
-            "cleanup",
-            killed=closed.killed,
-            left=closed.leftover,
-            remaining=list(closed.remaining),
-            fallback_ran=closed.fallback_ran,
-            worker_exited=closed.worker_exited,
-        )
-        _report_cleanup(closed, stream)
+            records.emit(
+                "cleanup",
+                killed=closed.killed,
+                left=closed.leftover,
+                remaining=list(closed.remaining),
+                fallback_ran=closed.fallback_ran,
+                worker_exited=closed.worker_exited,
+            )
+            _report_cleanup(closed, stream)
         ok = (
             failure is None
             and result is not None
@@ -166,8 +191,7 @@ async def run_demo(
         print("demo " + ("succeeded" if ok else "FAILED"), file=stream)
         return 0 if ok else 1
     finally:
-        if trace is not None:
-            trace.close()
+        records.close()
         shutil.rmtree(workspace, ignore_errors=True)
 
 

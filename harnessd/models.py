@@ -483,10 +483,11 @@ class OpenAIChatModel:
         self._key: str | None = None
         if api_key_env is not None:
             key = os.environ.get(api_key_env, "").strip()
+            # The name is not repeated back: a key pasted in its place would be.
             if not key:
-                raise ModelConfigError(f"the API key variable {api_key_env} is unset or empty")
+                raise ModelConfigError("the API key variable (api_key_env) is unset or empty")
             if any(ch in key for ch in "\r\n"):
-                raise ModelConfigError(f"the API key in {api_key_env} contains a line break")
+                raise ModelConfigError("the API key (from api_key_env) contains a line break")
             self._key = key
         self.timeout = timeout
         self.max_retries = max(0, max_retries)

@@ -14,10 +14,21 @@ def new_token() -> str:
 
 
 def read_token(token_file: str | None) -> str:
-    """The token from ``token_file``, else from $EXECD_TOKEN; ValueError when neither has one."""
+    """The token from ``token_file``, else from $EXECD_TOKEN.
+
+    Raises ValueError, naming the file, when it cannot be read or is empty,
+    and when neither source has a token.
+    """
     if token_file:
-        with open(token_file, encoding="utf-8") as handle:
-            token = handle.read(4096).strip()
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read(4096).strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"the token file {token_file} is not text") from None
+        if not token:
+            raise ValueError(f"the token file {token_file} is empty")
     else:
         token = os.environ.get(TOKEN_VAR, "").strip()
     if not token:

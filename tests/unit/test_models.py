@@ -371,8 +371,14 @@ def test_unreachable_endpoint_is_a_transport_error(api_key: str) -> None:
 
 def test_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEY_VAR, raising=False)
-    with pytest.raises(ModelConfigError, match=KEY_VAR):
+    with pytest.raises(ModelConfigError, match="unset or empty") as unset:
         OpenAIChatModel("m", "http://127.0.0.1:1/v1", KEY_VAR)
+    # The name is not repeated: what was passed may be the key itself.
+    assert KEY_VAR not in str(unset.value)
+    pasted = "sk-" + "Zq81TfX0aBcD3eF4gH5i" * 2
+    with pytest.raises(ModelConfigError) as echoed:
+        OpenAIChatModel("m", "http://127.0.0.1:1/v1", pasted)
+    assert pasted not in str(echoed.value)
     with pytest.raises(ModelConfigError):
         OpenAIChatModel("m", "ftp://example.com", None)
     with pytest.raises(ModelConfigError):
