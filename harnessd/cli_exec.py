@@ -1,9 +1,16 @@
 """``harnessd exec``: run one command in the workspace, like ``docker exec``.
 
 Output streams live to this process's stdout and stderr; with ``-i`` this
-process's stdin is forwarded; SIGINT, SIGTERM and SIGHUP received here are
-forwarded to the remote command's process group; the exit status is the
-command's (128+N when a signal N killed it).
+process's stdin is forwarded, and ``exec`` still returns as soon as the
+command ends, whether stdin is a file, a terminal or a pipe that never sends.
+The first SIGINT, SIGTERM or SIGHUP received here is forwarded to the remote
+command's process group; a second one closes the connection (execd then kills
+the command) and ends ``exec`` with 128+N. Exit status: the command's (128+N
+when signal N ended it); 127 when the command does not exist, 126 when it
+cannot be started (not executable, its working directory missing or not
+accessible); 141 quietly when stdout is closed under it (``| head``), as
+coreutils die of SIGPIPE; 2 for usage errors; 255 when execd cannot be
+reached or the connection fails, as ssh does.
 """
 
 from __future__ import annotations
@@ -11,26 +18,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
+from typing import Any
 
 from harnessd.api import RunningCommand, connect
-from harnessd.errors import HarnessError
+from harnessd.cli_common import (
+    STOP_SIGNALS,
+    USAGE,
+    port_number,
+    positive_seconds,
+    say,
+    silence_stdout,
+)
+from harnessd.errors import HarnessError, SpawnFailed
 from harnessd.token import read_token
 
 STDIN_BLOCK = 64 * 1024
+PROG = "harnessd exec"
+NOT_FOUND = 127
+"""Exit status when the command does not exist (the shell's)."""
+CANNOT_INVOKE = 126
+"""Exit status when the command exists but cannot be started, or its directory is unusable."""
+CONNECTION_FAILED = 255
+"""Exit status when execd cannot be reached or the connection breaks (ssh's)."""
+CLOSED_STDOUT = 128 + signal.SIGPIPE
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``exec`` on the harnessd command line."""
-    parser = sub.add_parser("exec", help="run one command in the workspace and stream its output")
+    parser = sub.add_parser(
+        "exec",
+        help="run one command in the workspace and stream its output",
+        description=(
+            "Run ARGV in the workspace of the execd at HOST:PORT, streaming its output. Exit "
+            "status: the command's (128+N after signal N), 127 command not found, 126 command "
+            "or working directory unusable, 141 stdout closed, 2 usage error, 255 connection "
+            "failure."
+        ),
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=port_number, required=True, help="1-65535")
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument("-i", "--interactive", action="store_true", help="forward stdin")
     parser.add_argument("--cwd", help="working directory in the workspace")
-    parser.add_argument("--timeout", type=float, help="hard timeout in seconds")
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        help="kill the command after this many seconds (more than 0; omit for no timeout)",
+    )
     parser.add_argument("--encrypt", action="store_true", help="encrypt every frame")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
     parser.set_defaults(func=main)
@@ -43,9 +81,53 @@ def exit_status(exit_code: int | None, signum: int | None) -> int:
     return exit_code if exit_code is not None else 1
 
 
+def spawn_status(exc: SpawnFailed) -> int:
+    """127 for a command that does not exist, else 126 (found but not startable)."""
+    data: Any = exc.data
+    what = data.get("what") if isinstance(data, dict) else None
+    code = data.get("errno") if isinstance(data, dict) else None
+    if what == "command" and code == errno.errorcode[errno.ENOENT]:
+        return NOT_FOUND
+    return CANNOT_INVOKE
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
 async def _pump_stdin(command: RunningCommand) -> None:
+    """Forward this process's stdin until EOF, without a thread that could outlive the command.
+
+    A terminal or pipe is read only after the event loop reports it readable,
+    so cancelling the pump (the command ended) never waits for input. Files
+    and devices the loop cannot poll never block, and are read directly.
+    """
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    if fd < 0:
+        await command.close_stdin()
+        return
+    pollable = True
     while True:
-        data = await asyncio.to_thread(os.read, sys.stdin.fileno(), STDIN_BLOCK)
+        if pollable:
+            try:
+                await _readable(fd)
+            except (OSError, ValueError):
+                pollable = False
+        try:
+            data = os.read(fd, STDIN_BLOCK)
+        except OSError:
+            data = b""
         if not data:
             await command.close_stdin()
             return
@@ -58,44 +140,84 @@ async def run_exec(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print(
-            "harnessd exec: no command given (use: harnessd exec ... -- ARGV...)", file=sys.stderr
-        )
-        return 2
-    token = read_token(args.token_file)
-    client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
+        say(f"{PROG}: no command given (use: {PROG} ... -- ARGV...)")
+        return USAGE
+    try:
+        token = read_token(args.token_file)
+    except ValueError as exc:
+        say(f"{PROG}: {exc}")
+        return USAGE
+    where = f"{args.host}:{args.port}"
+    try:
+        client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
+    except HarnessError as exc:
+        text = str(exc)
+        say(f"{PROG}: {text}" if where in text else f"{PROG}: {where}: {text}")
+        return CONNECTION_FAILED
     loop = asyncio.get_running_loop()
+    stdin_task: asyncio.Task[None] | None = None
+    forwarding: set[asyncio.Task[None]] = set()
+    received: list[int] = []
     try:
         command = client.run_streaming(
             argv, cwd=args.cwd, timeout=args.timeout, stdin_stream=bool(args.interactive)
         )
+        streaming = loop.create_task(_stream(command))
 
-        forwarding: set[asyncio.Task[None]] = set()
-
-        def forward(signum: int) -> None:
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            if len(received) > 1:
+                streaming.cancel()
+                return
             task = loop.create_task(_forward_signal(command, signum))
             forwarding.add(task)
             task.add_done_callback(forwarding.discard)
 
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.add_signal_handler(signum, forward, signum)
-        stdin_task = loop.create_task(_pump_stdin(command)) if args.interactive else None
-        out = sys.stdout.buffer
-        err = sys.stderr.buffer
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, on_signal, signum)
+        if args.interactive:
+            stdin_task = loop.create_task(_pump_stdin(command))
+        try:
+            return await streaming
+        except asyncio.CancelledError:
+            if not streaming.cancelled():
+                raise
+        name = signal.Signals(received[-1]).name
+        say(f"{PROG}: {name} received twice, closing the connection (execd stops the command)")
+        return 128 + received[-1]
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        if stdin_task is not None:
+            stdin_task.cancel()
+            await asyncio.wait([stdin_task])
+            if not stdin_task.cancelled():
+                stdin_task.exception()  # retrieved: a send after the command ended may fail
+        await client.close()
+
+
+async def _stream(command: RunningCommand) -> int:
+    out = sys.stdout.buffer
+    err = sys.stderr.buffer
+    try:
         async for name, data in command.output():
             target = out if name == "stdout" else err
             target.write(data)
             target.flush()
+    except BrokenPipeError:
+        # Like coreutils under `| head`: stop quietly. Closing the connection
+        # (the caller does) makes execd stop the command.
+        command.cancel()
+        silence_stdout()
+        return CLOSED_STDOUT
+    try:
         result = await command.result()
-        if stdin_task is not None:
-            stdin_task.cancel()
-        if result.timed_out:
-            print("harnessd exec: command timed out", file=sys.stderr)
-        return exit_status(result.exit_code, result.signal)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.remove_signal_handler(signum)
-        await client.close()
+    except SpawnFailed as exc:
+        say(f"{PROG}: {exc}")
+        return spawn_status(exc)
+    if result.timed_out:
+        say(f"{PROG}: command timed out")
+    return exit_status(result.exit_code, result.signal)
 
 
 async def _forward_signal(command: RunningCommand, signum: int) -> None:
@@ -111,8 +233,7 @@ def main(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(run_exec(args))
     except HarnessError as exc:
-        print(f"harnessd exec: {exc}", file=sys.stderr)
-        return 255
-    except ValueError as exc:
-        print(f"harnessd exec: {exc}", file=sys.stderr)
-        return 2
+        say(f"{PROG}: {exc}")
+        return CONNECTION_FAILED
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
