@@ -2,12 +2,25 @@
 
 The same bench as ``python -m bench`` (see :mod:`bench.suite`): one run on
 loopback, every figure with p50, p99 and its ratio to baselines measured in
-the same run, written as markdown, JSON and (with matplotlib) a PNG.
+the same run, written as markdown, JSON and (with matplotlib) a PNG. The
+baselines need the ``bench`` extra; without it the command says which
+packages are missing and how to install them for this installation.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
+from importlib import metadata
+from urllib.parse import unquote, urlparse
+
+from harnessd.cli_common import say
+
+DISTRIBUTION = "splitexec"
+#: Import name of each baseline package -> the name pip installs it by.
+_PIP_NAMES = {"grpc": "grpcio"}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,15 +32,58 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="measure tool-call latency and throughput against the floor and the alternatives",
         description=(
             "Measure execd on loopback beside a raw uvloop floor, FastAPI/uvicorn and gRPC; "
-            "write bench.md, bench.json and bench.png into --out."
+            "write bench.md, bench.json and bench.png into --out. The baselines need the "
+            "'bench' extra (pip install 'splitexec[bench]')."
         ),
     )
     add_arguments(parser)
     parser.set_defaults(func=main)
 
 
+def install_command() -> str:
+    """The pip command that adds the ``bench`` extra to this very installation.
+
+    An editable install (``pip install -e DIR``) gets ``-e 'DIR[bench]'``;
+    any other install gets ``'splitexec[bench]'``. Either way through this
+    interpreter, so it lands in the environment harnessd runs from.
+    """
+    pip = f"{shlex.quote(sys.executable)} -m pip install"
+    source = _editable_source()
+    if source is not None:
+        return f"{pip} -e {shlex.quote(source + '[bench]')}"
+    return f"{pip} {shlex.quote(DISTRIBUTION + '[bench]')}"
+
+
+def _editable_source() -> str | None:
+    try:
+        text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        origin = json.loads(text)
+    except ValueError:
+        return None
+    url = origin.get("url") if isinstance(origin, dict) else None
+    dir_info = origin.get("dir_info") if isinstance(origin, dict) else None
+    if not (isinstance(dir_info, dict) and dir_info.get("editable") and isinstance(url, str)):
+        return None
+    parsed = urlparse(url)
+    return unquote(parsed.path) if parsed.scheme == "file" else None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the bench with parsed options; the exit status is 0 once it ran."""
+    from bench.baselines import missing_packages
+
+    missing = [_PIP_NAMES.get(name, name) for name in missing_packages()]
+    if missing:
+        say(
+            f"harnessd bench: the baselines need packages that are not installed "
+            f"({', '.join(missing)}); install the bench extra: {install_command()}"
+        )
+        return 1
     from bench.suite import run_from_args
 
     return run_from_args(args)
