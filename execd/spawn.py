@@ -465,6 +465,10 @@ def spawn(
         if isinstance(exc, SpawnFailed):
             raise
         if isinstance(exc, OSError):
+            if exc.errno == errno.EACCES and "/" not in argv[0]:
+                # execvp says EACCES when any PATH entry could not be searched;
+                # a shell says "not found" unless a candidate file exists.
+                resolve_program(argv[0], env)
             raise _spawn_error(exc, argv[0], cwd) from None
         if isinstance(exc, ValueError | TypeError):
             raise InvalidParams(f"cannot pass arguments to a process: {exc}") from None

@@ -184,6 +184,22 @@ def test_a_missing_command_exits_127(execd: RunningExecd) -> None:
     assert "no-such-command-anywhere" in cli.one_line(done.stderr, PROG)
 
 
+@pytest.mark.skipif(os.geteuid() == 0, reason="root searches any directory")
+def test_a_path_entry_that_cannot_be_searched_does_not_hide_not_found(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    try:
+        path = f"{locked}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        with start_execd(tmp_path, env={"PATH": path}) as daemon:
+            missing = _run(daemon, "--", "no-such-command-anywhere")
+            found = _run(daemon, "--", "true")
+    finally:
+        locked.chmod(0o700)
+    assert missing.returncode == 127
+    assert "not found" in cli.one_line(missing.stderr, PROG)
+    assert found.returncode == 0
+
+
 def test_a_missing_working_directory_exits_126(execd: RunningExecd, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     done = _run(execd, "--cwd", str(missing), "--", "true")
