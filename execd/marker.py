@@ -76,8 +76,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from execd.commands import check_variables
 from execd.config import DEFAULT_MARKER_VAR
-from execd.errors import InvalidParams
 
 __all__ = [
     "ENVIRON_READ_CAP",
@@ -142,33 +142,6 @@ def validate_marker_var(name: str) -> str:
     return name
 
 
-def _shown(name: str) -> str:
-    """A variable name fit for an error message: quoted and bounded."""
-    text = repr(name)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _check_var_name(name: str, origin: str) -> None:
-    if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-        raise InvalidParams(
-            f"{origin}: {_shown(str(name))} is not a valid environment variable name"
-            " (it must be non-empty and contain neither '=' nor NUL)"
-        )
-
-
-def _check_entries(entries: Mapping[str, str] | None, origin: str, marker_var: str) -> None:
-    if not entries:
-        return
-    for name, value in entries.items():
-        _check_var_name(name, origin)
-        if name == marker_var:
-            raise InvalidParams(
-                f"{origin}: {_shown(name)} is the session marker variable; it cannot be set"
-            )
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidParams(f"{origin}: the value of {_shown(name)} must be text without NUL")
-
-
 def child_environment(
     base: Mapping[str, str],
     marker_var: str,
@@ -194,15 +167,9 @@ def child_environment(
     """
     validate_marker_var(marker_var)
     validate_marker(marker)
-    _check_entries(extra, "extra environment", marker_var)
-    _check_entries(overrides, "environment override", marker_var)
     removed = list(unset)
-    for name in removed:
-        _check_var_name(name, "unset")
-        if name == marker_var:
-            raise InvalidParams(
-                f"unset: {_shown(name)} is the session marker variable; it cannot be unset"
-            )
+    check_variables(extra, None, (marker_var,), "extra environment")
+    check_variables(overrides, removed, (marker_var,), "environment override")
     hidden = set(secret_vars)
     hidden.add(marker_var)
     env = {name: value for name, value in base.items() if name not in hidden}

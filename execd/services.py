@@ -11,10 +11,11 @@ Life of one service (:class:`_Service`)::
                               └──probe times out──► stop ─► STOPPED
     services.stop, from any live state ──────────────────► STOPPED
 
-* STARTING: spawned; ``services.start`` waits for the readiness probe,
-  racing it against the process's exit and the probe's timeout. Exit first:
-  EXITED and the start fails with ServiceFailed (log tail, exit status).
-  Timeout: the service is stopped and the start fails with NotReady.
+* STARTING: spawned; ``services.start`` waits for the readiness probe
+  (:mod:`execd.service_probes`), racing it against the process's exit and
+  the probe's timeout. Exit first: EXITED and the start fails with
+  ServiceFailed (log tail, exit status). Timeout: the service is stopped and
+  the start fails with NotReady.
 * RUNNING: ready. When the process exits, the restart policy decides:
   EXITED, or BACKOFF for ``backoff_initial * 2**restarts`` seconds (capped)
   and then a new instance (``restarts`` + 1), RUNNING again.
@@ -25,11 +26,9 @@ Life of one service (:class:`_Service`)::
 
 Output: execd owns the read ends of the service's stdout and stderr pipes
 (:class:`~execd.spawn.PipeReader` with a sink) and appends every chunk to the
-log file as it arrives, then wakes whoever follows the log. ``services.logs``
-reads the file itself (tails by reading backwards from the end), so memory
-stays bounded whatever the service prints. Followers also poll the file size
-every :data:`_FOLLOW_POLL` seconds, so bytes written to the log by other
-means are seen too.
+service's :class:`~execd.service_log.LogFile` as it arrives, then wakes
+whoever follows the log. ``services.logs`` reads the file itself, so memory
+stays bounded whatever the service prints.
 
 Every service process (and its probe commands) carries the daemon's marker
 and :data:`SERVICE_MARKER_VAR` set to a value of its own, so the capability's
@@ -43,18 +42,22 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import secrets
-import shlex
 import signal
-import tempfile
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from execd import marker
 from execd import spawn as spawning
+from execd.commands import (
+    BackgroundTasks,
+    command_argv,
+    command_environment,
+    private_root,
+    title_of,
+)
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import (
@@ -68,6 +71,8 @@ from execd.errors import (
     ShuttingDown,
     from_oserror,
 )
+from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile, tail_start, tail_text
+from execd.service_probes import Readiness, wait_ready
 from protocol.api import services as api
 
 log = logging.getLogger(__name__)
@@ -75,75 +80,9 @@ log = logging.getLogger(__name__)
 SERVICE_MARKER_VAR = "EXECD_SERVICE_MARKER"
 """Environment variable whose per-service value tags everything a service starts."""
 
-_SHELL = "/bin/sh"
-_LOG_MODE = 0o600
 _DIR_MODE = 0o700
-_TITLE_MAX = 1024
-_TAIL_LINES = 20
-_TAIL_BYTES = 8192
-_READ_BLOCK = 64 * 1024
-_FOLLOW_CHUNK = 256 * 1024
-_FOLLOW_POLL = 0.25
-_LINE_CAP = 64 * 1024
 _SWEEP_TIMEOUT = 5.0
-_MAX_ATTEMPT_CONNECT = 2.0
 _LIVE = frozenset({"starting", "running", "backoff"})
-
-
-# -- helpers shared with the sessions capability ----------------------------------
-
-
-def command_environment(
-    base: Mapping[str, str],
-    protected: Iterable[str],
-    env: Mapping[str, str] | None,
-    unset: Iterable[str] | None,
-    extra: Mapping[str, str],
-) -> dict[str, str]:
-    """``base`` with ``unset`` removed and ``env`` then ``extra`` applied.
-
-    Names in ``protected`` (the marker variables) may be neither set nor
-    unset by the caller. Protected and ``extra`` names come first in the
-    result, so a bounded read of ``/proc/PID/environ`` always reaches them.
-    """
-    guarded = list(protected)
-    result = dict(base)
-    for name in unset or ():
-        if name in guarded:
-            raise InvalidParams(f"{name} cannot be unset")
-        result.pop(name, None)
-    for name, value in (env or {}).items():
-        if name in guarded:
-            raise InvalidParams(f"{name[:64]} cannot be overridden")
-        if "=" in name or "\0" in name:
-            raise InvalidParams(f"invalid environment variable name: {name[:64]!r}")
-        if "\0" in value:
-            raise InvalidParams(f"environment variable {name[:64]} contains a NUL")
-        result[name] = value
-    result.update(extra)
-    first = [name for name in dict.fromkeys((*guarded, *extra)) if name in result]
-    ordered = {name: result.pop(name) for name in first}
-    ordered.update(result)
-    return ordered
-
-
-def private_root(config: Config, kind: str) -> str:
-    """A directory only this user can enter: ``<state_dir>/<kind>``, or a fresh temporary one."""
-    if config.state_dir:
-        path = os.path.join(config.state_dir, kind)
-        os.makedirs(path, mode=_DIR_MODE, exist_ok=True)
-        return path
-    return tempfile.mkdtemp(prefix=f"execd-{kind}-")
-
-
-def title_of(argv: list[str]) -> str:
-    """A one-line description of a command, bounded in length."""
-    text = argv[2] if argv[:2] == [_SHELL, "-c"] and len(argv) == 3 else shlex.join(argv)
-    return text if len(text) <= _TITLE_MAX else text[: _TITLE_MAX - 1] + "…"
-
-
-def _discard(_: bytes) -> None:
-    """Sink of a probe command's output."""
 
 
 def _decode(status: int | None) -> tuple[int | None, int | None]:
@@ -159,111 +98,6 @@ def _describe(exit_code: int | None, sig: int | None) -> str:
     return f"exit status {exit_code}"
 
 
-# -- the log file -----------------------------------------------------------------------
-
-
-class _LogFile:
-    """A service's log: appended to from its pipes, read back by offset.
-
-    One descriptor, opened ``O_RDWR | O_APPEND``, serves both: writes always
-    land at the end, reads use ``pread``. ``changed()`` is a future resolved
-    at the next :meth:`notify` (every write, and every change of the
-    service's state), shared by every waiter.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _LOG_MODE)
-        self._loop = asyncio.get_running_loop()
-        self._waiter: asyncio.Future[None] | None = None
-        self.error: str | None = None
-
-    @property
-    def closed(self) -> bool:
-        """Whether the descriptor is closed (reads return nothing)."""
-        return self._fd < 0
-
-    def write(self, data: bytes) -> None:
-        """Append ``data``; a failing write (disk full) drops it and is remembered."""
-        if self._fd < 0:
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self._fd, view) :]
-        except OSError as exc:
-            if self.error is None:
-                log.warning("cannot write the service log %s: %s", self.path, exc.strerror)
-            self.error = exc.strerror or "write failed"
-        self.notify()
-
-    def size(self) -> int:
-        """The file's current size (0 once closed)."""
-        if self._fd < 0:
-            return 0
-        try:
-            return os.fstat(self._fd).st_size
-        except OSError:
-            return 0
-
-    def pread(self, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes at ``offset`` (fewer at the end of the file)."""
-        if self._fd < 0 or length <= 0:
-            return b""
-        try:
-            return os.pread(self._fd, length, offset)
-        except OSError:
-            return b""
-
-    def changed(self) -> asyncio.Future[None]:
-        """A future resolved at the next :meth:`notify`."""
-        if self._waiter is None:
-            self._waiter = self._loop.create_future()
-        return self._waiter
-
-    def notify(self) -> None:
-        """Wake every waiter of :meth:`changed`."""
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        """Close the descriptor and wake waiters."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        self.notify()
-
-
-def tail_start(log_file: _LogFile, size: int, lines: int, floor: int) -> int:
-    """Offset where the last ``lines`` lines of the bytes ``[floor, size)`` begin.
-
-    Reads backwards from ``size`` a block at a time. A newline that is the
-    very last byte ends the last line rather than starting an empty one.
-    Returns ``floor`` when fewer lines fit between ``floor`` and ``size``.
-    """
-    if lines <= 0 or size <= floor:
-        return size
-    found = 0
-    pos = size
-    while pos > floor:
-        low = max(floor, pos - _READ_BLOCK)
-        block = log_file.pread(low, pos - low)
-        end = len(block)
-        while True:
-            index = block.rfind(b"\n", 0, end)
-            if index < 0:
-                break
-            end = index
-            if low + index == size - 1:
-                continue
-            found += 1
-            if found == lines:
-                return low + index + 1
-        pos = low
-    return floor
-
-
 # -- records ----------------------------------------------------------------------------
 
 
@@ -273,11 +107,9 @@ class _Spec:
 
     argv: list[str]
     cwd: str | None
-    env: dict[str, str]
+    env: Mapping[str, str]
     log_path: str
-    probe: api.Probe | None
-    pattern: re.Pattern[str] | None
-    probe_argv: list[str] | None
+    readiness: Readiness | None
     restart: api.RestartPolicy
     title: str
 
@@ -298,7 +130,7 @@ class _Service:
 
     name: str
     spec: _Spec
-    log: _LogFile
+    log: LogFile
     sub_marker: str
     state: api.ServiceState = "starting"
     instance: _Instance | None = None
@@ -363,7 +195,7 @@ class ServicesCapability:
         self._marker_var = config.marker_var
         self._base_env = dict(base_env)
         self._services: dict[str, _Service] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks("services")
         self._log_dir: str | None = None
         self._closed = False
 
@@ -389,8 +221,7 @@ class ServicesCapability:
         for rec, result in zip(records, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("stopping service %s failed", rec.name, exc_info=result)
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.join()
         for rec in records:
             if rec.supervisor is not None and not rec.supervisor.done():
                 rec.supervisor.cancel()
@@ -401,16 +232,6 @@ class ServicesCapability:
         self._services.clear()
 
     # -- helpers ---------------------------------------------------------------
-
-    def _spawn_background(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
-
-    def _background_done(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("services background task failed", exc_info=task.exception())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -431,12 +252,7 @@ class ServicesCapability:
         return os.path.join(self._log_dir, f"{name}.log")
 
     def _spec(self, params: api.StartParams, sub_marker: str) -> _Spec:
-        if (params.argv is None) == (params.command is None):
-            raise InvalidParams("exactly one of argv and command is required")
-        argv = [_SHELL, "-c", params.command] if params.command is not None else params.argv
-        assert argv is not None
-        if not argv[0]:
-            raise InvalidParams("argv[0] must not be empty")
+        argv = command_argv(params.argv, params.command)
         env = command_environment(
             self._base_env,
             (self._marker_var, SERVICE_MARKER_VAR),
@@ -449,31 +265,14 @@ class ServicesCapability:
             log_path = os.path.abspath(os.path.join(base, params.log))
         else:
             log_path = self._default_log(params.name)
-        pattern: re.Pattern[str] | None = None
-        probe_argv: list[str] | None = None
-        probe = params.probe
-        if isinstance(probe, api.LogProbe):
-            try:
-                pattern = re.compile(probe.pattern)
-            except re.error as exc:
-                raise InvalidParams(f"invalid log probe pattern: {exc}") from None
-        elif isinstance(probe, api.CommandProbe):
-            if (probe.argv is None) == (probe.command is None):
-                raise InvalidParams("a command probe needs exactly one of argv and command")
-            probe_argv = [_SHELL, "-c", probe.command] if probe.command is not None else probe.argv
-            assert probe_argv is not None
-            if not probe_argv[0]:
-                raise InvalidParams("the probe's argv[0] must not be empty")
         return _Spec(
-            argv=list(argv),
+            argv=argv,
             cwd=params.cwd,
             env=env,
             log_path=log_path,
-            probe=probe,
-            pattern=pattern,
-            probe_argv=probe_argv,
+            readiness=Readiness.of(params.probe),
             restart=params.restart or api.RestartPolicy(),
-            title=title_of(list(argv)),
+            title=title_of(argv),
         )
 
     def _make_room(self) -> None:
@@ -591,21 +390,6 @@ class ServicesCapability:
         for reader in list(rec.readers):
             reader.close()
 
-    async def _kill_group(self, child: spawning.Child, sig: int, grace: float) -> None:
-        """``sig`` to the group, SIGKILL whatever outlives ``grace``; wait for the reaping."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        if (child.running or child.group_alive()) and child.signal_and_continue(sig):
-            if child.running and grace > 0:
-                await asyncio.wait({child.exited}, timeout=grace)
-            delay = 0.01
-            while loop.time() < deadline and child.group_alive():
-                await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                delay = min(delay * 2, 0.1)
-            if child.group_alive():
-                child.signal(signal.SIGKILL)
-        await asyncio.wait({child.exited})
-
     async def _sweep(self, rec: _Service) -> None:
         """Kill every process still carrying the service's sub-marker."""
         try:
@@ -626,7 +410,7 @@ class ServicesCapability:
             was_live = rec.state == "backoff" or (inst is not None and inst.child.running)
             rec.wake.set()
             if inst is not None:
-                await self._kill_group(inst.child, sig, grace)
+                await spawning.terminate_group(inst.child, grace, sig)
             await self._sweep(rec)
             supervisor = rec.supervisor
             if supervisor is not None and not supervisor.done():
@@ -641,21 +425,24 @@ class ServicesCapability:
 
     async def _await_ready(self, rec: _Service, inst: _Instance) -> api.ServiceInfo:
         """Wait for the probe of a fresh start; fail and clean up as documented."""
-        probe = rec.spec.probe
+        readiness = rec.spec.readiness
         generation = rec.generation
-        if probe is None:
+        if readiness is None:
             rec.ready = True
             rec.state = "running"
             rec.log.notify()
             return rec.info()
         exited = inst.child.exited
-        task: asyncio.Task[None] = asyncio.ensure_future(self._probe(rec, inst, probe))
+        spec = rec.spec
+        task: asyncio.Task[None] = asyncio.ensure_future(
+            wait_ready(readiness, rec.log, inst.log_offset, spec.env, spec.cwd)
+        )
         racing: set[asyncio.Future[Any]] = {task, exited}
         try:
-            await asyncio.wait(racing, timeout=probe.timeout, return_when="FIRST_COMPLETED")
+            await asyncio.wait(racing, timeout=readiness.timeout, return_when="FIRST_COMPLETED")
         except asyncio.CancelledError:
             if rec.generation == generation:
-                self._spawn_background(self._stop(rec, signal.SIGTERM, self._limits.kill_grace))
+                self._background.spawn(self._stop(rec, signal.SIGTERM, self._limits.kill_grace))
             raise
         finally:
             if not task.done():
@@ -676,9 +463,10 @@ class ServicesCapability:
         error = None if task.cancelled() else task.exception()
         if error is not None:
             raise error
+        timeout = readiness.timeout
         raise NotReady(
-            f"service {rec.name!r} was not ready within {probe.timeout:g} s; it was stopped",
-            {"name": rec.name, "log_tail": self._tail_text(rec, inst), "timeout": probe.timeout},
+            f"service {rec.name!r} was not ready within {timeout:g} s; it was stopped",
+            {"name": rec.name, "log_tail": tail_text(rec.log, inst.log_offset), "timeout": timeout},
         )
 
     def _failure(self, rec: _Service, inst: _Instance, stopped: bool) -> ServiceFailed:
@@ -691,85 +479,11 @@ class ServicesCapability:
             f"service {rec.name!r} {what}",
             {
                 "name": rec.name,
-                "log_tail": self._tail_text(rec, inst),
+                "log_tail": tail_text(rec.log, inst.log_offset),
                 "exit_code": exit_code,
                 "signal": sig,
             },
         )
-
-    def _tail_text(self, rec: _Service, inst: _Instance) -> str:
-        """The last lines this start wrote to the log, as text."""
-        size = rec.log.size()
-        floor = max(inst.log_offset, size - _TAIL_BYTES)
-        start = tail_start(rec.log, size, _TAIL_LINES, floor)
-        return rec.log.pread(start, size - start).decode("utf-8", "replace")
-
-    async def _probe(self, rec: _Service, inst: _Instance, probe: api.Probe) -> None:
-        """Return once the probe succeeds (runs until cancelled otherwise)."""
-        if isinstance(probe, api.TcpProbe):
-            await self._probe_tcp(probe)
-        elif isinstance(probe, api.LogProbe):
-            assert rec.spec.pattern is not None
-            await self._probe_log(rec.log, inst.log_offset, rec.spec.pattern)
-        else:
-            assert rec.spec.probe_argv is not None
-            await self._probe_command(rec.spec, rec.spec.probe_argv, probe)
-
-    async def _probe_tcp(self, probe: api.TcpProbe) -> None:
-        attempt = min(_MAX_ATTEMPT_CONNECT, max(probe.interval, 0.5))
-        while True:
-            try:
-                async with asyncio.timeout(attempt):
-                    _, writer = await asyncio.open_connection(probe.host, probe.port)
-            except (OSError, TimeoutError):
-                await asyncio.sleep(probe.interval)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return
-
-    async def _probe_log(self, log_file: _LogFile, offset: int, pattern: re.Pattern[str]) -> None:
-        partial = b""
-        while True:
-            waiter = log_file.changed()
-            size = log_file.size()
-            while offset < size:
-                chunk = log_file.pread(offset, min(size - offset, _FOLLOW_CHUNK))
-                if not chunk:
-                    break
-                offset += len(chunk)
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                for line in lines:
-                    if pattern.search(line.decode("utf-8", "replace")):
-                        return
-                if len(partial) > _LINE_CAP:
-                    if pattern.search(partial.decode("utf-8", "replace")):
-                        return
-                    partial = b""
-            if partial and pattern.search(partial.decode("utf-8", "replace")):
-                return
-            await asyncio.wait({waiter}, timeout=_FOLLOW_POLL)
-
-    async def _probe_command(self, spec: _Spec, argv: list[str], probe: api.CommandProbe) -> None:
-        while True:
-            child = spawning.spawn(argv, env=spec.env, cwd=spec.cwd)
-            readers = (
-                spawning.PipeReader(child.stdout, sink=_discard),
-                spawning.PipeReader(child.stderr, sink=_discard),
-            )
-            try:
-                await asyncio.wait({child.exited}, timeout=probe.attempt_timeout)
-                if child.exited.done() and _decode(child.exited.result()) == (0, None):
-                    return
-            finally:
-                if child.running:
-                    child.signal(signal.SIGKILL)
-                    await asyncio.wait({child.exited})
-                for reader in readers:
-                    reader.close()
-            await asyncio.sleep(probe.interval)
 
     # -- services.start / restart ---------------------------------------------------
 
@@ -788,7 +502,7 @@ class ServicesCapability:
         self._make_room()
         try:
             os.makedirs(os.path.dirname(spec.log_path), mode=_DIR_MODE, exist_ok=True)
-            log_file = _LogFile(spec.log_path)
+            log_file = LogFile(spec.log_path)
         except OSError as exc:
             raise from_oserror(exc, spec.log_path) from None
         rec = _Service(name=params.name, spec=spec, log=log_file, sub_marker=sub_marker)
@@ -867,7 +581,7 @@ class ServicesCapability:
             if size < offset:
                 offset = 0
             if offset < size:
-                data = log_file.pread(offset, min(size - offset, _FOLLOW_CHUNK))
+                data = log_file.pread(offset, min(size - offset, FOLLOW_CHUNK))
                 if data:
                     await ctx.send(api.LOG_STREAM, data)
                     offset += len(data)
@@ -876,7 +590,7 @@ class ServicesCapability:
                 if log_file.size() <= offset:
                     break
                 continue
-            await asyncio.wait({waiter}, timeout=_FOLLOW_POLL)
+            await asyncio.wait({waiter}, timeout=FOLLOW_POLL)
         await ctx.send(api.LOG_STREAM, b"", end=True)
         return api.LogsResult(start=first, end=offset, size=log_file.size())
 
@@ -885,11 +599,4 @@ def _cap(nbytes: int | None) -> int:
     return api.MAX_LOG_READ if nbytes is None else min(nbytes, api.MAX_LOG_READ)
 
 
-__all__ = [
-    "SERVICE_MARKER_VAR",
-    "ServicesCapability",
-    "command_environment",
-    "private_root",
-    "tail_start",
-    "title_of",
-]
+__all__ = ["SERVICE_MARKER_VAR", "ServicesCapability"]

@@ -60,12 +60,13 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from execd import marker
 from execd import spawn as spawning
+from execd.commands import SHELL, BackgroundTasks, command_environment, private_root
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import (
@@ -79,7 +80,6 @@ from execd.errors import (
     from_oserror,
 )
 from execd.output import HeadTailBuffer
-from execd.services import command_environment, private_root
 from protocol.api import sessions as api
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 SESSION_MARKER_VAR = "EXECD_SESSION_MARKER"
 """Environment variable whose per-session value tags everything a session starts."""
 
-_SHELL = "/bin/sh"
 _FILE_MODE = 0o600
 _STATUS_LINE_MAX = 256
 _DRAIN_CAP = 8 * 1024 * 1024
@@ -284,7 +283,7 @@ class SessionsCapability:
         self._marker_var = config.marker_var
         self._base_env = dict(base_env)
         self._sessions: dict[str, _Session] = {}
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("sessions")
         self._root: str | None = None
         self._closed = False
 
@@ -308,21 +307,9 @@ class SessionsCapability:
         for sess, result in zip(sessions, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("closing session %s failed", sess.name, exc_info=result)
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.join()
 
     # -- helpers ---------------------------------------------------------------
-
-    def _spawn_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("sessions background task failed", exc_info=task.exception())
 
     def _get(self, name: str) -> _Session:
         sess = self._sessions.get(name)
@@ -439,11 +426,11 @@ class SessionsCapability:
         except BaseException:
             if self._sessions.get(params.name) is sess:
                 del self._sessions[params.name]
-            await asyncio.shield(self._spawn_background(self._kill(sess)))
+            await asyncio.shield(self._background.spawn(self._kill(sess)))
             raise
         return sess.info()
 
-    def _start_shell(self, params: api.OpenParams, env: dict[str, str], sub: str) -> _Session:
+    def _start_shell(self, params: api.OpenParams, env: Mapping[str, str], sub: str) -> _Session:
         fds: list[int] = []
         directory = ""
         try:
@@ -460,7 +447,7 @@ class SessionsCapability:
             raise from_oserror(exc) from None
         try:
             child = spawning.spawn(
-                [_SHELL, "-c", _DRIVER, "execd-session", directory], env=env, cwd=params.cwd
+                [SHELL, "-c", _DRIVER, "execd-session", directory], env=env, cwd=params.cwd
             )
         except BaseException:
             for fd in fds:
@@ -554,7 +541,7 @@ class SessionsCapability:
         cap = limit if params.output_cap is None else min(limit, params.output_cap)
         grace = self._limits.kill_grace if params.kill_grace is None else params.kill_grace
         run = self._begin(sess, params.command, params.stdin, cap)
-        task = self._spawn_background(self._supervise(sess, run, params.timeout, grace))
+        task = self._background.spawn(self._supervise(sess, run, params.timeout, grace))
         sess.task = task
         try:
             return await asyncio.shield(task)
@@ -642,7 +629,7 @@ class SessionsCapability:
     async def _destroy(self, sess: _Session) -> api.CloseResult:
         if self._sessions.get(sess.name) is sess:
             del self._sessions[sess.name]
-        return await asyncio.shield(self._spawn_background(self._kill(sess)))
+        return await asyncio.shield(self._background.spawn(self._kill(sess)))
 
     async def _kill(self, sess: _Session) -> api.CloseResult:
         """Kill the shell and every process carrying the sub-marker; release the channels."""

@@ -41,7 +41,6 @@ import logging
 import math
 import os
 import secrets
-import shlex
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execd import spawn as spawning
+from execd.commands import BackgroundTasks, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext, ConnectionLost, Method
 from execd.errors import (
@@ -65,7 +65,6 @@ from protocol.api import shell as api
 
 log = logging.getLogger(__name__)
 
-_SHELL = "/bin/sh"
 _ATTACH_READ = 1024 * 1024
 _VALID_SIGNALS = frozenset(int(s) for s in signal.valid_signals()) | {0}
 
@@ -327,11 +326,6 @@ class _Detached:
         return info
 
 
-def _title(argv: list[str]) -> str:
-    text = argv[2] if argv[:2] == [_SHELL, "-c"] and len(argv) == 3 else shlex.join(argv)
-    return text if len(text) <= api.MAX_TITLE else text[: api.MAX_TITLE - 1] + "…"
-
-
 class ShellCapability:
     """``shell.*`` methods over one process-wide table of commands.
 
@@ -349,7 +343,7 @@ class ShellCapability:
         self._calls: dict[tuple[int, int], _Command] = {}
         self._hooked: set[int] = set()
         self._detached: dict[str, _Detached] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks("shell")
         self._closed = False
 
     # -- public ----------------------------------------------------------------
@@ -385,8 +379,7 @@ class ShellCapability:
             cmd.abort()
         for rec in self._detached.values():
             rec.command.abort()
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.join()
         tasks = [rec.task for rec in self._detached.values() if rec.task is not None]
         for task in tasks:
             task.cancel()
@@ -397,46 +390,6 @@ class ShellCapability:
         self._detached.clear()
 
     # -- helpers ---------------------------------------------------------------
-
-    def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("shell background task failed", exc_info=task.exception())
-
-    def _argv(self, params: api.RunParams) -> list[str]:
-        if (params.argv is None) == (params.command is None):
-            raise InvalidParams("exactly one of argv and command is required")
-        if params.command is not None:
-            return [_SHELL, "-c", params.command]
-        assert params.argv is not None
-        if not params.argv[0]:
-            raise InvalidParams("argv[0] must not be empty")
-        return params.argv
-
-    def _env(self, params: api.RunParams) -> dict[str, str]:
-        if not params.env and not params.unset:
-            return self._base_env
-        env = dict(self._base_env)
-        marker = self._marker_var
-        for name in params.unset or ():
-            if name == marker:
-                raise InvalidParams(f"{marker} cannot be unset")
-            env.pop(name, None)
-        for name, value in (params.env or {}).items():
-            if name == marker:
-                raise InvalidParams(f"{marker} cannot be overridden")
-            if "=" in name or "\0" in name:
-                raise InvalidParams(f"invalid environment variable name: {name[:64]!r}")
-            if "\0" in value:
-                raise InvalidParams(f"environment variable {name[:64]} contains a NUL")
-            env[name] = value
-        return env
 
     def _options(self, params: api.RunParams) -> _Options:
         limits = self._limits
@@ -455,7 +408,7 @@ class ShellCapability:
                 f"too many running commands (limit {self._limits.max_processes})",
                 {"limit": self._limits.max_processes},
             )
-        env = self._env(params)
+        env = command_environment(self._base_env, (self._marker_var,), params.env, params.unset)
         child = spawning.spawn(
             argv,
             env=env,
@@ -482,7 +435,7 @@ class ShellCapability:
 
     async def shell_run(self, params: api.RunParams, ctx: CallContext) -> api.RunResult:
         """``shell.run``: run a command to its end, or start it detached."""
-        argv = self._argv(params)
+        argv = command_argv(params.argv, params.command)
         if params.stdin is not None and params.stdin_stream:
             raise InvalidParams("stdin and stdin_stream are exclusive")
         opts = self._options(params)
@@ -494,11 +447,11 @@ class ShellCapability:
         child = self._spawn(params, argv)
         buffers: tuple[HeadTailBuffer, HeadTailBuffer] | None = None
         if params.stream:
-            cmd = _Command(child, opts, self._spawn_background, sinks=None, stream_ctx=ctx)
+            cmd = _Command(child, opts, self._background.spawn, sinks=None, stream_ctx=ctx)
         else:
             buffers = (HeadTailBuffer(cap), HeadTailBuffer(cap))
             sinks = (buffers[0].write, buffers[1].write)
-            cmd = _Command(child, opts, self._spawn_background, sinks=sinks, stream_ctx=None)
+            cmd = _Command(child, opts, self._background.spawn, sinks=sinks, stream_ctx=None)
         key = (ctx.connection_id, ctx.call_id)
         self._calls[key] = cmd
         try:
@@ -555,12 +508,12 @@ class ShellCapability:
             return write
 
         cmd = _Command(
-            child, opts, self._spawn_background, sinks=(sink(out), sink(err)), stream_ctx=None
+            child, opts, self._background.spawn, sinks=(sink(out), sink(err)), stream_ctx=None
         )
         command_id = secrets.token_hex(8)
         rec = _Detached(
             command_id=command_id,
-            title=_title(argv),
+            title=title_of(argv),
             cwd=params.cwd,
             started=time.time(),
             command=cmd,

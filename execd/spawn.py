@@ -496,15 +496,15 @@ def spawn(
     return Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
 
 
-async def terminate_group(child: Child, grace: float) -> None:
-    """SIGTERM the child's whole group, SIGKILL whatever outlives ``grace``.
+async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM) to the child's whole group, SIGKILL whatever outlives ``grace``.
 
     Each signal is followed by SIGCONT so stopped members wake up to die.
     Returns once the child itself has been reaped.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
-    if not child.signal_and_continue(signal.SIGTERM):
+    if not child.signal_and_continue(sig):
         await child.wait()
         return
     if grace > 0:

@@ -27,7 +27,8 @@ from execd.errors import (
     ServiceFailed,
     ShuttingDown,
 )
-from execd.services import SERVICE_MARKER_VAR, ServicesCapability, _LogFile, tail_start
+from execd.service_log import LogFile, tail_start
+from execd.services import SERVICE_MARKER_VAR, ServicesCapability
 from protocol.api import services as api
 from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive
@@ -249,7 +250,7 @@ def status_sync(cap: ServicesCapability, name: str) -> str:
 
 def test_tail_start_reads_backwards_across_blocks(tmp_path: Path) -> None:
     async def main() -> None:
-        log_file = _LogFile(str(tmp_path / "big.log"))
+        log_file = LogFile(str(tmp_path / "big.log"))
         lines = [b"x" * (i % 97) + b"%d\n" % i for i in range(5000)]
         for line in lines:
             log_file.write(line)

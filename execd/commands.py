@@ -1,0 +1,177 @@
+"""What the capabilities that start commands share: ``shell``, ``services``, ``sessions``.
+
+This module owns the rules a call's parameters pass through before a process
+is spawned, so that the three capabilities cannot drift apart:
+
+* :data:`SHELL` runs a command given as a string (``/bin/sh -c``), and
+  :func:`command_argv` turns a call's ``argv`` or ``command`` into the argv
+  to spawn;
+* :func:`check_variables` holds the rules for environment names and values,
+  and :func:`command_environment` layers a call's ``env`` and ``unset`` over
+  a capability's base environment, keeping the marker variables out of the
+  caller's reach (``execd.marker.child_environment`` applies the same rules
+  to the daemon's own base environment);
+* :func:`title_of` is the bounded one-line description clients see;
+* :func:`private_root` is where a capability keeps files only this user may
+  enter (service logs, session channels);
+* :class:`BackgroundTasks` holds the tasks a capability starts and must see
+  finished before it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import tempfile
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+from execd.config import Config
+from execd.errors import InvalidParams
+from protocol.api.shell import MAX_TITLE
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SHELL = "/bin/sh"
+"""The shell that runs a command given as a string."""
+
+_DIR_MODE = 0o700
+
+
+def command_argv(argv: list[str] | None, command: str | None, what: str = "") -> list[str]:
+    """The argv a call names: ``argv`` itself, or ``command`` run by :data:`SHELL`.
+
+    Exactly one of the two must be given. ``what`` names the thing in error
+    messages (``"a command probe"``); the call itself when empty.
+    """
+    if (argv is None) == (command is None):
+        raise InvalidParams(f"{what or 'the call'} needs exactly one of argv and command")
+    if command is not None:
+        return [SHELL, "-c", command]
+    assert argv is not None
+    if not argv or not argv[0]:
+        raise InvalidParams(f"argv[0] of {what or 'the call'} must not be empty")
+    return list(argv)
+
+
+def title_of(argv: list[str]) -> str:
+    """A one-line description of a command, at most ``MAX_TITLE`` characters."""
+    text = argv[2] if argv[:2] == [SHELL, "-c"] and len(argv) == 3 else shlex.join(argv)
+    return text if len(text) <= MAX_TITLE else text[: MAX_TITLE - 1] + "…"
+
+
+# -- environments -----------------------------------------------------------------------
+
+
+def _shown(name: str) -> str:
+    """A variable name fit for an error message: quoted and bounded."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_variables(
+    assignments: Mapping[str, str] | None,
+    unset: Iterable[str] | None,
+    protected: Iterable[str],
+    origin: str = "environment",
+) -> None:
+    """Refuse what no process can receive, and any touch of a ``protected`` name.
+
+    A name must be non-empty and hold neither ``=`` nor NUL; a value must be
+    text without NUL. Raises :class:`~execd.errors.InvalidParams`, whose
+    message names the variable but never echoes a value.
+    """
+    guarded = frozenset(protected)
+    for name in unset or ():
+        _check_name(name, "unset")
+        if name in guarded:
+            raise InvalidParams(f"unset: {_shown(name)} is a marker variable; it cannot be unset")
+    for name, value in (assignments or {}).items():
+        _check_name(name, origin)
+        if name in guarded:
+            raise InvalidParams(f"{origin}: {_shown(name)} is a marker variable; it cannot be set")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidParams(f"{origin}: the value of {_shown(name)} must be text without NUL")
+
+
+def _check_name(name: object, origin: str) -> None:
+    if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+        raise InvalidParams(
+            f"{origin}: {_shown(str(name))} is not a valid environment variable name"
+            " (it must be non-empty and contain neither '=' nor NUL)"
+        )
+
+
+def command_environment(
+    base: Mapping[str, str],
+    protected: Iterable[str],
+    env: Mapping[str, str] | None,
+    unset: Iterable[str] | None,
+    extra: Mapping[str, str] | None = None,
+) -> Mapping[str, str]:
+    """``base`` with ``unset`` removed and ``env`` then ``extra`` applied.
+
+    Names in ``protected`` (the marker variables) may be neither set nor
+    unset by the caller (:func:`check_variables`). Protected and ``extra``
+    names come first in the result, so a bounded read of
+    ``/proc/PID/environ`` always reaches them. With nothing to change,
+    ``base`` itself is returned (the spawn path only reads it).
+    """
+    if not env and not unset and not extra:
+        return base
+    guarded = tuple(protected)
+    check_variables(env, unset, guarded)
+    result = dict(base)
+    for name in unset or ():
+        result.pop(name, None)
+    result.update(env or {})
+    result.update(extra or {})
+    first = [name for name in dict.fromkeys((*guarded, *(extra or {}))) if name in result]
+    ordered = {name: result.pop(name) for name in first}
+    ordered.update(result)
+    return ordered
+
+
+# -- files and tasks --------------------------------------------------------------------
+
+
+def private_root(config: Config, kind: str) -> str:
+    """A directory only this user can enter: ``<state_dir>/<kind>``, or a fresh temporary one."""
+    if config.state_dir:
+        path = os.path.join(config.state_dir, kind)
+        os.makedirs(path, mode=_DIR_MODE, exist_ok=True)
+        return path
+    return tempfile.mkdtemp(prefix=f"execd-{kind}-")
+
+
+class BackgroundTasks:
+    """Tasks a capability starts and does not await in the call that started them.
+
+    A failure is logged under ``name`` (nobody else would see it); :meth:`join`
+    waits until every task, including those started meanwhile, is done.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``coro`` as a task kept until it is done."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s background task failed", self._name, exc_info=task.exception())
+
+    async def join(self) -> None:
+        """Wait for every task, those started while waiting too."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
