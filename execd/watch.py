@@ -121,12 +121,13 @@ class _Subscription:
         self.root = root
         self.recursive = params.recursive
         kinds = params.events if params.events is not None else CHANGE_KINDS
-        self._kinds: frozenset[str] = frozenset(kinds)
         self._loop = asyncio.get_running_loop()
         self.state = _ACTIVE
         self._root_is_dir = False
         self._tree = DirectoryTree(self._hub, self, root, self._unwatchable)
-        self._queue = EventQueue(owner.limits.watch_queue, params.debounce, self._overflow_event)
+        self._queue = EventQueue(
+            owner.limits.watch_queue, params.debounce, frozenset(kinds), self._overflow_event
+        )
         self._synthesized: set[str] = set()
         self._drain_requested = False
         self._task: asyncio.Task[None] | None = None
@@ -240,20 +241,20 @@ class _Subscription:
             if path in self._synthesized:
                 self._synthesized.discard(path)
                 return
-            self._emit("created", path, is_dir)
+            self._queue.change("created", path, is_dir)
             if is_dir and self.recursive:
                 self._watch_new(node, event.name, path, synthesize=True)
         elif mask & IN_DELETE:
             self._synthesized.discard(path)
-            self._emit("deleted", path, is_dir)
+            self._queue.change("deleted", path, is_dir)
             if is_dir and self.recursive:
                 self._tree.remove(node, event.name)
         elif mask & IN_MODIFY:
-            self._emit("modified", path, is_dir)
+            self._queue.change("modified", path, is_dir)
         elif mask & IN_CLOSE_WRITE:
-            self._emit("closed_write", path, is_dir)
+            self._queue.change("closed_write", path, is_dir)
         elif mask & IN_ATTRIB:
-            self._emit("attrib", path, is_dir)
+            self._queue.change("attrib", path, is_dir)
 
     def on_move(self, source: RawEvent | None, target: RawEvent | None) -> None:
         """A rename, with the sides inside this subscription's watches."""
@@ -276,7 +277,7 @@ class _Subscription:
             return
         sample = source if source is not None else target
         is_dir = sample is not None and bool(sample.mask & IN_ISDIR)
-        self._emit(
+        self._queue.change(
             "moved",
             dst_path if dst_path is not None else str(src_path),
             is_dir,
@@ -334,7 +335,7 @@ class _Subscription:
             self._drain_requested = True
             self._hub.after_drain(self._on_drained)
         self._synthesized.add(path)
-        self._emit("created", path, is_dir)
+        self._queue.change("created", path, is_dir)
 
     def _on_drained(self) -> None:
         """Every kernel event of the scans so far has been seen."""
@@ -359,18 +360,6 @@ class _Subscription:
             self._control("watch_failed", path=path, is_dir=True, reason=reason)
 
     # -- queueing and delivery --
-
-    def _emit(
-        self,
-        kind: str,
-        path: str,
-        is_dir: bool,
-        *,
-        from_path: str | None = None,
-        to_path: str | None = None,
-    ) -> None:
-        if kind in self._kinds:
-            self._queue.change(kind, path, is_dir, from_path=from_path, to_path=to_path)
 
     def _control(
         self,

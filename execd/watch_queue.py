@@ -5,6 +5,8 @@ moved, modified, closed_write, attrib) and *control* events (overflow,
 root_deleted, ended, watch_limit, watch_failed) into one :class:`EventQueue`,
 and its pump takes them out in order with :meth:`EventQueue.next`.
 
+* Kinds: change events of a kind the subscriber did not ask for are not
+  queued at all.
 * Bound: the queue holds at most ``limit`` change events. Beyond that it
   drops them and counts them until it has drained to half, when one
   ``overflow`` event (source ``queue``, the count in ``dropped``) is queued
@@ -46,13 +48,18 @@ class Item:
 class EventQueue:
     """Events waiting for the pump; see the module docstring.
 
-    ``overflowed(dropped)`` makes the ``overflow`` event that reports
-    ``dropped`` lost change events.
+    ``kinds`` are the change kinds to queue; ``overflowed(dropped)`` makes
+    the ``overflow`` event that reports ``dropped`` lost change events.
     """
 
     def __init__(
-        self, limit: int, debounce: float, overflowed: Callable[[int], WatchEvent]
+        self,
+        limit: int,
+        debounce: float,
+        kinds: frozenset[str],
+        overflowed: Callable[[int], WatchEvent],
     ) -> None:
+        self._kinds = kinds
         self._limit = max(1, limit)
         self._debounce = debounce
         self._overflowed = overflowed
@@ -78,6 +85,8 @@ class EventQueue:
         to_path: str | None = None,
     ) -> None:
         """Queue a change event (merged, or dropped and counted, as the module says)."""
+        if kind not in self._kinds:
+            return
         debounce = self._debounce
         if debounce > 0 and kind != "moved" and self._coalesce(kind, path, is_dir):
             return
