@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method
+from execd.reaper import Reaper
 from execd.server import Server
-from execd.spawn import Reaper
 from protocol import limits
 from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
 

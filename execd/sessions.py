@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from execd import marker
+from execd import marker, procfs
 from execd import spawn as spawning
 from execd.commands import SHELL, BackgroundTasks, command_environment, private_root
 from execd.config import Config
@@ -94,7 +94,6 @@ _READY_TIMEOUT = 15.0
 _HANDSHAKE_CAP = 64 * 1024
 _SWEEP_TIMEOUT = 5.0
 _EXIT_WAIT = 5.0
-_HZ = os.sysconf("SC_CLK_TCK")
 
 _DRIVER = f"""
 readonly __execd_dir="$1"
@@ -141,34 +140,6 @@ never reaches EOF). The trap also sets ``__execd_int``: some shells (dash)
 let the command that follows a trap's ``return`` overwrite its status, so
 the flag, not ``$?``, says the command was interrupted.
 """
-
-
-def _boot_ticks() -> int:
-    """Now, in the clock ticks since boot that ``/proc/PID/stat`` start times use."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _HZ)
-
-
-def _group_members_since(pgid: int, exclude: int, since: int) -> list[int]:
-    """Live members of process group ``pgid`` (not ``exclude``) started at or after ``since``."""
-    found: list[int] = []
-    with os.scandir("/proc") as listing:
-        for entry in listing:
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            if pid == exclude:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as handle:
-                    raw = handle.read()
-            except OSError:
-                continue
-            fields = raw[raw.rfind(b")") + 2 :].split()
-            if len(fields) < 20 or fields[0] in (b"Z", b"X"):
-                continue
-            if int(fields[2]) == pgid and int(fields[19]) >= since:
-                found.append(pid)
-    return found
 
 
 class _OutputPipe:
@@ -511,7 +482,7 @@ class SessionsCapability:
             done=loop.create_future(),
             abort=loop.create_future(),
             started=loop.time(),
-            start_ticks=_boot_ticks(),
+            start_ticks=procfs.boot_ticks(),
             files=files,
         )
         sess.current = run
@@ -572,7 +543,9 @@ class SessionsCapability:
         await asyncio.wait(finished, timeout=grace, return_when="FIRST_COMPLETED")
         if any(f.done() for f in finished):
             return
-        for pid in _group_members_since(sess.child.pid, sess.child.pid, run.start_ticks):
+        shell = sess.child.pid
+        started = procfs.live_group_members(shell, since=run.start_ticks)
+        for pid in [pid for pid in started if pid != shell]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         await asyncio.wait(finished, timeout=grace, return_when="FIRST_COMPLETED")

@@ -1,4 +1,4 @@
-"""Spawning processes, watching their exit, reading their pipes, reaping orphans.
+"""Spawning processes, watching their exit, reading their pipes.
 
 This module is the one place where execd creates processes.
 
@@ -31,7 +31,10 @@ Exit watching
     watches it with ``loop.add_reader``: the pidfd becomes readable when the
     child exits, and the callback reaps exactly that pid with
     ``waitpid(pid, WNOHANG)``. No SIGCHLD handler, no watcher thread, and the
-    same code runs on uvloop and on asyncio's own loops.
+    same code runs on uvloop and on asyncio's own loops. A child that
+    :func:`spawn` started is tracked (:func:`execd.reaper.track`) until it is
+    reaped, so the orphan reaper never takes its status; its exit asks the
+    reaper for a scan soon, as its orphans are likely to die with it.
 
 Pipes
     The parent ends of the stdout/stderr pipes are nonblocking and watched
@@ -41,24 +44,6 @@ Pipes
     ``high_water`` bytes wait, so a slow consumer blocks the child's writes
     instead of growing memory.
 
-Reaping
-    execd is a child subreaper (``execd.marker.set_child_subreaper``): orphaned
-    descendants are reparented to it and, once dead, stay zombies until it
-    waits for them. :class:`Reaper` scans execd's children for zombies and
-    reaps those that no one in execd is waiting for. The children come from
-    ``/proc/self/task/<tid>/children`` (every thread of execd; the kernel
-    reparents orphans to any live thread), falling back to a scan of all of
-    ``/proc`` for ``PPid == getpid()``. A zombie's state comes from
-    ``/proc/<pid>/stat``. Each pid is reaped with ``waitpid(pid, WNOHANG)``,
-    never ``waitpid(-1)``, and pids in the tracked set are skipped, so the
-    status of a child that :func:`spawn` started (or that another part of
-    execd registered with :func:`track`) is never stolen. The scan runs on a
-    periodic timer and soon after any tracked child exits (its orphans are
-    likely to die with it). A SIGCHLD handler is deliberately not used:
-    uvloop refuses one (libuv owns that signal to track its own
-    subprocesses), and the timer costs one small read per execd thread.
-    Anything in execd that starts processes by other means must
-    :func:`track` their pids while it waits for them.
 """
 
 from __future__ import annotations
@@ -77,6 +62,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from execd import procfs, reaper
 from execd.errors import InvalidParams, SpawnFailed
 
 READ_SIZE = 64 * 1024
@@ -87,34 +73,13 @@ HIGH_WATER = 256 * 1024
 
 _DEFAULT_SIGNALS = tuple(
     getattr(signal, name)
-    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ", "SIGINT", "SIGQUIT")
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGQUIT")
     if hasattr(signal, name)
 )
 """Signals Python ignores that a command must start with at their default."""
 _STOP_SIGNALS = frozenset(
     {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT}
 )
-
-
-# -- the set of children execd waits for itself --------------------------------
-
-_tracked: set[int] = set()
-_reapers: list[Reaper] = []
-
-
-def track(pid: int) -> None:
-    """Mark ``pid`` as a child someone in execd waits for: the reaper skips it."""
-    _tracked.add(pid)
-
-
-def untrack(pid: int) -> None:
-    """Forget ``pid`` after its waiter reaped it."""
-    _tracked.discard(pid)
-
-
-def is_tracked(pid: int) -> bool:
-    """Whether ``pid`` is a child someone in execd waits for."""
-    return pid in _tracked
 
 
 # -- exit statuses ---------------------------------------------------------------
@@ -212,7 +177,7 @@ class Child:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
-        untrack(self.pid)
+        reaper.untrack(self.pid)
         if self._popen is not None:
             # Keeps Popen.__del__ from queueing the pid for its own waitpid.
             self._popen.returncode = os.waitstatus_to_exitcode(status)
@@ -222,7 +187,7 @@ class Child:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(status)
-        _poke_reapers()
+        reaper.poke_reapers()
 
     def signal(self, sig: int, *, group: bool = True) -> bool:
         """Send ``sig`` to the child's process group (or the child alone).
@@ -257,7 +222,7 @@ class Child:
             return False
         except PermissionError:
             return True
-        return _group_has_live_member(self.pid)
+        return next(procfs.live_group_members(self.pid), None) is not None
 
     def close_stdin(self) -> None:
         """Close the parent's end of the stdin pipe, if open."""
@@ -473,7 +438,7 @@ def spawn(
         if isinstance(exc, ValueError | TypeError):
             raise InvalidParams(f"cannot pass arguments to a process: {exc}") from None
         raise
-    track(pid)
+    reaper.track(pid)
     for fd in (out_w, err_w, in_r):
         if fd >= 0:
             os.close(fd)
@@ -488,7 +453,7 @@ def spawn(
         os.waitpid(pid, 0)
         if popen is not None:
             popen.returncode = -signal.SIGKILL
-        untrack(pid)
+        reaper.untrack(pid)
         for fd in (out_r, err_r, in_w):
             if fd >= 0:
                 os.close(fd)
@@ -511,7 +476,7 @@ async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM)
         await asyncio.wait({child.exited}, timeout=grace)
     delay = 0.005
     while child.group_alive() and loop.time() < deadline:
-        reap_orphans()
+        reaper.reap_orphans()
         await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
         delay = min(delay * 2, 0.05)
     if child.group_alive():
@@ -664,148 +629,3 @@ async def write_all(fd: int, data: bytes | memoryview) -> bool:
             return False
         view = view[written:]
     return True
-
-
-# -- reaping orphans -------------------------------------------------------------
-
-
-def _children() -> list[int]:
-    pids: list[int] = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        tids = []
-    found_file = False
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/children", "rb") as f:
-                found_file = True
-                pids += (int(p) for p in f.read().split())
-        except OSError:
-            continue
-    if found_file:
-        return pids
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(entry)
-            if stat is not None and stat[1] == me:
-                pids.append(int(entry))
-    return pids
-
-
-def _stat(pid: int | str) -> tuple[str, int, int] | None:
-    """``(state, ppid, pgrp)`` from ``/proc/<pid>/stat``, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    if len(fields) < 3:
-        return None
-    return fields[0].decode("ascii", "replace"), int(fields[1]), int(fields[2])
-
-
-def _group_has_live_member(pgid: int) -> bool:
-    """Whether a process that is not a zombie belongs to group ``pgid``.
-
-    ``killpg(pgid, 0)`` also succeeds for a group of zombies, which may wait
-    a while for a parent (or init) to reap them; only the living matter when
-    deciding whether SIGKILL is needed.
-    """
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(entry)
-            if stat is not None and stat[2] == pgid and stat[0] not in ("Z", "X"):
-                return True
-    return False
-
-
-def reap_orphans() -> list[tuple[int, int]]:
-    """Reap every zombie child of execd that nobody tracks: ``[(pid, status)]``."""
-    reaped: list[tuple[int, int]] = []
-    for pid in _children():
-        if pid in _tracked:
-            continue
-        stat = _stat(pid)
-        if stat is None or stat[0] != "Z":
-            continue
-        # Checked again right before waiting: tracking only changes on the
-        # event loop thread, which is this one.
-        if pid in _tracked:
-            continue
-        try:
-            got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            continue
-        if got == pid:
-            reaped.append((pid, status))
-    return reaped
-
-
-POKE_DELAY = 0.05
-"""Seconds between a tracked child's exit and the orphan sweep it triggers."""
-
-
-class Reaper:
-    """Periodically reaps orphaned zombies; see the module docstring.
-
-    ``start()`` needs a running loop. ``poke()`` asks for a scan soon (it is
-    called whenever a child started by :func:`spawn` exits). ``reaped``
-    counts the zombies reaped so far.
-    """
-
-    def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
-        self.reaped = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._soon: asyncio.Handle | None = None
-
-    def start(self) -> None:
-        """Begin scanning every ``interval`` seconds."""
-        if self._loop is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        _reapers.append(self)
-        self._schedule()
-
-    def stop(self) -> None:
-        """Stop scanning."""
-        if self in _reapers:
-            _reapers.remove(self)
-        for handle in (self._timer, self._soon):
-            if handle is not None:
-                handle.cancel()
-        self._timer = self._soon = None
-        self._loop = None
-
-    def _schedule(self) -> None:
-        if self._loop is not None:
-            self._timer = self._loop.call_later(self.interval, self._tick)
-
-    def _tick(self) -> None:
-        self.reap()
-        self._schedule()
-
-    def poke(self) -> None:
-        """Scan shortly (at most one pending scan): exits in a burst share one sweep."""
-        if self._loop is None or self._soon is not None:
-            return
-        self._soon = self._loop.call_later(POKE_DELAY, self._poked)
-
-    def _poked(self) -> None:
-        self._soon = None
-        self.reap()
-
-    def reap(self) -> list[tuple[int, int]]:
-        """Scan now; returns ``[(pid, status)]`` of what was reaped."""
-        reaped = reap_orphans()
-        self.reaped += len(reaped)
-        return reaped
-
-
-def _poke_reapers() -> None:
-    for reaper in _reapers:
-        reaper.poke()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from execd import reaper
 from execd import spawn as sp
 from execd.errors import InvalidParams, SpawnFailed
 from tests.support.procs import searchable_path
@@ -273,7 +274,7 @@ def test_hundred_concurrent_children(run: Runner) -> None:
     async def main() -> None:
         async def one(i: int) -> int:
             child = sp.spawn(["/bin/sh", "-c", f"echo {i}"], env=ENV)
-            assert sp.is_tracked(child.pid)
+            assert child.pid in reaper._tracked
             status, out, _ = await collect(child)
             assert sp.decode_status(status) == (0, None)
             assert out == f"{i}\n".encode()
@@ -281,7 +282,7 @@ def test_hundred_concurrent_children(run: Runner) -> None:
 
         pids = await asyncio.gather(*(one(i) for i in range(100)))
         assert len(set(pids)) == 100
-        assert not any(sp.is_tracked(pid) for pid in pids)
+        assert not reaper._tracked.intersection(pids)
 
     run(main)
 
@@ -290,6 +291,7 @@ _REAPER_SCRIPT = textwrap.dedent(
     """
     import asyncio, ctypes, os, sys, time
     import uvloop
+    from execd import reaper as rp
     from execd import spawn as sp
 
     PR_SET_CHILD_SUBREAPER = 36
@@ -312,11 +314,11 @@ _REAPER_SCRIPT = textwrap.dedent(
         while state(child.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.005)  # block the loop: the pidfd callback cannot run
         assert state(child.pid) == "Z"
-        assert sp.reap_orphans() == []
+        assert rp.reap_orphans() == []
         assert sp.decode_status(await child.exited) == (7, None)
 
         # A double fork: the grandchild is orphaned to us and dies a zombie.
-        reaper = sp.Reaper(interval=0.05)
+        reaper = rp.Reaper(interval=0.05)
         reaper.start()
         child = sp.spawn(["/bin/sh", "-c", "sleep 0.3 & echo $!"], env=dict(os.environ))
         out = sp.PipeReader(child.stdout)
@@ -356,14 +358,14 @@ def test_reaper_without_subreaper_finds_nothing_to_steal(run: Runner) -> None:
         child = sp.spawn(["/bin/sh", "-c", "exit 3"], env=ENV)
         sp.PipeReader(child.stdout, sink=lambda _: None)
         sp.PipeReader(child.stderr, sink=lambda _: None)
-        reaper = sp.Reaper(interval=0.01)
-        reaper.start()
+        orphans = reaper.Reaper(interval=0.01)
+        orphans.start()
         try:
             status = await asyncio.wait_for(asyncio.shield(child.exited), 20)
             await asyncio.sleep(0.05)
         finally:
-            reaper.stop()
+            orphans.stop()
         assert sp.decode_status(status) == (3, None)
-        assert not sp.is_tracked(child.pid)
+        assert child.pid not in reaper._tracked
 
     run(main)
