@@ -78,7 +78,7 @@ async def measure(count: int, recursive: bool, depth: int) -> dict[str, float]:
         os.makedirs(target_dir, exist_ok=True)
         watched = root if recursive else target_dir
         started = time.perf_counter()
-        await cap.subscribe(SubscribeParams(path=watched, recursive=recursive), ctx)
+        await cap.watch_subscribe(SubscribeParams(path=watched, recursive=recursive), ctx)
         setup = time.perf_counter() - started
         latencies: list[float] = []
         try:

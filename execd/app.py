@@ -103,19 +103,19 @@ class Execd:
 
     def _core_methods(self) -> list[Method]:
         return [
-            Method("server.noop", NoParams, self._noop),
-            Method("server.echo", EchoParams, self._echo),
-            Method("server.info", NoParams, self._info),
-            Method("session.close", CloseParams, self._close_session),
+            Method("server.noop", NoParams, self.server_noop),
+            Method("server.echo", EchoParams, self.server_echo),
+            Method("server.info", NoParams, self.server_info),
+            Method("session.close", CloseParams, self.session_close),
         ]
 
-    async def _noop(self, params: NoParams, ctx: CallContext) -> None:
+    async def server_noop(self, params: NoParams, ctx: CallContext) -> None:
         return None
 
-    async def _echo(self, params: EchoParams, ctx: CallContext) -> bytes:
+    async def server_echo(self, params: EchoParams, ctx: CallContext) -> bytes:
         return params.data
 
-    async def _info(self, params: NoParams, ctx: CallContext) -> ServerInfo:
+    async def server_info(self, params: NoParams, ctx: CallContext) -> ServerInfo:
         return ServerInfo(
             pid=os.getpid(),
             uid=os.getuid(),
@@ -128,7 +128,7 @@ class Execd:
             methods=sorted(self.methods),
         )
 
-    async def _close_session(self, params: CloseParams, ctx: CallContext) -> CloseReport:
+    async def session_close(self, params: CloseParams, ctx: CallContext) -> CloseReport:
         report = await self.cleanup(params.timeout)
         if params.shutdown:
             asyncio.get_running_loop().call_soon(self.server.stopping.set)

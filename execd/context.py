@@ -4,6 +4,9 @@ Every RPC method is an ``async def handler(params, ctx) -> result`` where
 ``params`` is a msgspec Struct decoded from the call, ``ctx`` is a
 :class:`CallContext`, and ``result`` is any msgspec-encodable value (usually a
 Struct). A handler reports failure by raising an ``execd.errors.ExecdError``.
+A handler is the method named after its RPC with the dot as an underscore
+(``shell.run`` is ``shell_run``, ``watch.wait_for_path`` is
+``watch_wait_for_path``), so searching for a method's name finds its handler.
 
 Cancellation: when the client cancels a call, or its connection drops, the
 dispatcher cancels the handler's task (``asyncio.CancelledError``). Handlers

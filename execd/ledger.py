@@ -292,25 +292,25 @@ class LedgerCapability:
     def methods(self) -> list[Method]:
         """The dispatch-table entries of this capability."""
         return [
-            Method(api.APPEND, AppendParams, self.handle_append),
-            Method(api.APPEND_LARGE, AppendLargeParams, self.handle_append_large),
-            Method(api.HEAD, HeadParams, self.handle_head),
-            Method(api.READ, ReadParams, self.handle_read),
-            Method(api.LIST, ListParams, self.handle_list),
+            Method(api.APPEND, AppendParams, self.ledger_append),
+            Method(api.APPEND_LARGE, AppendLargeParams, self.ledger_append_large),
+            Method(api.HEAD, HeadParams, self.ledger_head),
+            Method(api.READ, ReadParams, self.ledger_read),
+            Method(api.LIST, ListParams, self.ledger_list),
         ]
 
     async def close(self) -> None:
         """Finish running appends and release every file."""
         await self.store.close()
 
-    async def handle_append(self, params: AppendParams, ctx: CallContext) -> LedgerHead:
+    async def ledger_append(self, params: AppendParams, ctx: CallContext) -> LedgerHead:
         """``ledger.append``."""
         head = await self.store.append(
             params.session, params.first_seq, params.prev_hash, params.entries, params.hashes
         )
         return _wire(head)
 
-    async def handle_append_large(self, params: AppendLargeParams, ctx: CallContext) -> LedgerHead:
+    async def ledger_append_large(self, params: AppendLargeParams, ctx: CallContext) -> LedgerHead:
         """``ledger.append_large``: the payload comes on client stream ``"data"``."""
         head = await self.store.append_large(
             params.session,
@@ -323,11 +323,11 @@ class LedgerCapability:
         )
         return _wire(head)
 
-    async def handle_head(self, params: HeadParams, ctx: CallContext) -> LedgerHead:
+    async def ledger_head(self, params: HeadParams, ctx: CallContext) -> LedgerHead:
         """``ledger.head``."""
         return _wire(await self.store.head(params.session))
 
-    async def handle_read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
+    async def ledger_read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
         """``ledger.read``: records on stream ``"entries"``, then the stream's end."""
 
         async def send(data: bytes) -> None:
@@ -337,7 +337,7 @@ class LedgerCapability:
         await ctx.send(api.ENTRIES_STREAM, b"", end=True)
         return ReadResult(last_seq=outcome.last_seq, count=outcome.count, head=_wire(outcome.head))
 
-    async def handle_list(self, params: ListParams, ctx: CallContext) -> ListResult:
+    async def ledger_list(self, params: ListParams, ctx: CallContext) -> ListResult:
         """``ledger.list``."""
         heads, truncated = await self.store.sessions()
         sessions = [LedgerInfo(session=name, seq=h.seq, hash=h.hash) for name, h in heads]

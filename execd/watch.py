@@ -418,16 +418,16 @@ class WatchCapability:
     def methods(self) -> list[Method]:
         """The dispatch entries of this capability."""
         return [
-            Method(SUBSCRIBE, SubscribeParams, self.subscribe),
-            Method(UNSUBSCRIBE, UnsubscribeParams, self.unsubscribe),
-            Method(WAIT_FOR_PATH, WaitForPathParams, self.wait_for_path),
+            Method(SUBSCRIBE, SubscribeParams, self.watch_subscribe),
+            Method(UNSUBSCRIBE, UnsubscribeParams, self.watch_unsubscribe),
+            Method(WAIT_FOR_PATH, WaitForPathParams, self.watch_wait_for_path),
         ]
 
     def subscriptions(self, connection_id: int) -> list[int]:
         """The live watch ids of a connection."""
         return list(self._by_connection.get(connection_id, {}))
 
-    async def subscribe(self, params: SubscribeParams, ctx: CallContext) -> SubscribeResult:
+    async def watch_subscribe(self, params: SubscribeParams, ctx: CallContext) -> SubscribeResult:
         """Start a subscription; events follow as pushed events on its id."""
         if self._closed:
             raise ShuttingDown("execd is shutting down")
@@ -462,7 +462,9 @@ class WatchCapability:
             unwatched_count=sub.unwatched_count,
         )
 
-    async def unsubscribe(self, params: UnsubscribeParams, ctx: CallContext) -> UnsubscribeResult:
+    async def watch_unsubscribe(
+        self, params: UnsubscribeParams, ctx: CallContext
+    ) -> UnsubscribeResult:
         """End a subscription of this connection."""
         sub = self._by_connection.get(ctx.connection_id, {}).get(params.watch_id)
         if sub is None:
@@ -470,7 +472,9 @@ class WatchCapability:
         await sub.stop("unsubscribed")
         return UnsubscribeResult(watch_id=params.watch_id)
 
-    async def wait_for_path(self, params: WaitForPathParams, ctx: CallContext) -> WaitForPathResult:
+    async def watch_wait_for_path(
+        self, params: WaitForPathParams, ctx: CallContext
+    ) -> WaitForPathResult:
         """Return once ``params.condition`` holds for ``params.path``."""
         if self._closed:
             raise ShuttingDown("execd is shutting down")

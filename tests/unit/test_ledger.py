@@ -78,17 +78,17 @@ class Client:
             entries=entries,
             hashes=hashes,
         )
-        return await self.cap.handle_append(params, LocalContext())
+        return await self.cap.ledger_append(params, LocalContext())
 
     async def head(self, session: str = SESSION) -> LedgerHead:
-        return await self.cap.handle_head(HeadParams(session=session), LocalContext())
+        return await self.cap.ledger_head(HeadParams(session=session), LocalContext())
 
     async def read(
         self, from_seq: int, limit: int | None = None, session: str = SESSION
     ) -> tuple[list[LedgerRecord], Any, LocalContext]:
         ctx = LocalContext(max_chunk=4096)
         params = ReadParams(session=session, from_seq=from_seq, limit=limit)
-        result = await self.cap.handle_read(params, ctx)
+        result = await self.cap.ledger_read(params, ctx)
         assert "entries" in ctx.ended
         decoder = RecordDecoder(from_seq)
         records: list[LedgerRecord] = []
@@ -120,7 +120,7 @@ class Client:
             size=len(payload) if size is None else size,
             sha256=hashlib.sha256(payload).digest() if sha256 is None else sha256,
         )
-        return await self.cap.handle_append_large(params, ctx)
+        return await self.cap.ledger_append_large(params, ctx)
 
 
 async def with_client(tmp_path: Path, body: Callable[[Client], Awaitable[T]]) -> T:
@@ -248,7 +248,7 @@ def test_sessions_are_independent_and_listed(tmp_path: Path) -> None:
             head = await client.append(1, GENESIS_HASH, entries, session=name)
             expected[name] = (head.seq, head.hash)
         await client.head("not-created")
-        listed = await client.cap.handle_list(ListParams(), LocalContext())
+        listed = await client.cap.ledger_list(ListParams(), LocalContext())
         assert [info.session for info in listed.sessions] == sorted(expected)
         assert {info.session: (info.seq, info.hash) for info in listed.sessions} == expected
         assert not listed.truncated
@@ -543,7 +543,7 @@ def test_cancelled_append_large_leaves_the_ledger_unchanged(tmp_path: Path) -> N
         params = AppendLargeParams(
             session=SESSION, seq=seq + 1, prev_hash=digest, size=10 << 20, sha256=bytes(32)
         )
-        task = asyncio.create_task(client.cap.handle_append_large(params, ctx))
+        task = asyncio.create_task(client.cap.ledger_append_large(params, ctx))
         deadline = time.monotonic() + 30
         while data_file(tmp_path).stat().st_size <= size + (1 << 20):
             assert time.monotonic() < deadline

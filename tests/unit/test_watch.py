@@ -105,7 +105,7 @@ def assert_in_order(actual: list[tuple[Any, ...]], expected: list[tuple[Any, ...
 async def subscribe(
     cap: WatchCapability, ctx: LocalContext, path: Path | str, **options: Any
 ) -> int:
-    result = await cap.subscribe(SubscribeParams(path=str(path), **options), ctx)
+    result = await cap.watch_subscribe(SubscribeParams(path=str(path), **options), ctx)
     return result.watch_id
 
 
@@ -211,7 +211,7 @@ def test_recursive_watch_picks_up_new_directories(tmp_path: Path) -> None:
     async def main() -> None:
         (tmp_path / "old" / "deep").mkdir(parents=True)
         cap, ctx = WatchCapability(Config()), LocalContext()
-        result = await cap.subscribe(SubscribeParams(path=str(tmp_path), recursive=True), ctx)
+        result = await cap.watch_subscribe(SubscribeParams(path=str(tmp_path), recursive=True), ctx)
         assert result.watched == 3
         (tmp_path / "old" / "deep" / "a").write_text("")
         await until_kind(ctx, "closed_write", str(tmp_path / "old" / "deep" / "a"))
@@ -361,7 +361,7 @@ def test_root_deleted_then_ended(tmp_path: Path) -> None:
         ]
         assert kernel_watches(cap) == 0
         with pytest.raises(NoSuchWatch):
-            await cap.unsubscribe(UnsubscribeParams(watch_id=first), one)
+            await cap.watch_unsubscribe(UnsubscribeParams(watch_id=first), one)
         await cap.close()
 
     run(main)
@@ -476,12 +476,12 @@ LIMIT_CHILD = textwrap.dedent(
         cap, ctx = WatchCapability(Config()), LocalContext()
         out = {}
         try:
-            await cap.subscribe(SubscribeParams(path=str(big), recursive=True), ctx)
+            await cap.watch_subscribe(SubscribeParams(path=str(big), recursive=True), ctx)
             out["subscribe"] = "ok"
         except WatchLimit as exc:
             out["subscribe"] = ["WatchLimit", int(exc.code), exc.data]
         out["after_failure"] = cap.hub.watch_count
-        await cap.subscribe(SubscribeParams(path=str(small), recursive=True), ctx)
+        await cap.watch_subscribe(SubscribeParams(path=str(small), recursive=True), ctx)
         for i in range(1, 4):
             (small / f"d{i}").mkdir()
         seen = []
@@ -531,7 +531,7 @@ def test_wait_for_path_whose_parents_do_not_exist_yet(tmp_path: Path) -> None:
         cap = WatchCapability(Config())
         target = tmp_path / "a" / "b" / "c" / "ready"
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(target), timeout=20), LocalContext())
+            cap.watch_wait_for_path(WaitForPathParams(path=str(target), timeout=20), LocalContext())
         )
         await asyncio.sleep(0.1)
         assert not waiting.done()
@@ -555,11 +555,11 @@ def test_wait_for_path_timeout_and_immediate(tmp_path: Path) -> None:
         cap, ctx = WatchCapability(Config()), LocalContext()
         missing = str(tmp_path / "never")
         with pytest.raises(OperationTimeout) as timed_out:
-            await cap.wait_for_path(WaitForPathParams(path=missing, timeout=0.2), ctx)
+            await cap.watch_wait_for_path(WaitForPathParams(path=missing, timeout=0.2), ctx)
         assert timed_out.value.data["path"] == missing
         with pytest.raises(OperationTimeout):
-            await cap.wait_for_path(WaitForPathParams(path=missing, timeout=0), ctx)
-        result = await cap.wait_for_path(
+            await cap.watch_wait_for_path(WaitForPathParams(path=missing, timeout=0), ctx)
+        result = await cap.watch_wait_for_path(
             WaitForPathParams(path=str(tmp_path), condition="dir", timeout=0), ctx
         )
         assert result.met and result.waited < 1
@@ -575,7 +575,7 @@ def test_wait_for_path_absent_and_ancestor_rename(tmp_path: Path) -> None:
         doomed = tmp_path / "doomed"
         doomed.write_text("")
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(doomed), condition="absent"), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(doomed), condition="absent"), ctx)
         )
         await asyncio.sleep(0.1)
         assert not waiting.done()
@@ -585,7 +585,7 @@ def test_wait_for_path_absent_and_ancestor_rename(tmp_path: Path) -> None:
         deep = tmp_path / "top" / "mid" / "leaf"
         deep.mkdir(parents=True)
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(deep), condition="absent"), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(deep), condition="absent"), ctx)
         )
         await asyncio.sleep(0.1)
         assert not waiting.done()
@@ -602,7 +602,7 @@ def test_wait_for_path_type_and_nonempty(tmp_path: Path) -> None:
         log = tmp_path / "log"
         log.write_text("")
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(log), condition="nonempty"), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(log), condition="nonempty"), ctx)
         )
         await asyncio.sleep(0.1)
         assert not waiting.done()
@@ -613,7 +613,7 @@ def test_wait_for_path_type_and_nonempty(tmp_path: Path) -> None:
         out = tmp_path / "out"
         out.mkdir()
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(out), condition="nonempty"), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(out), condition="nonempty"), ctx)
         )
         await asyncio.sleep(0.1)
         assert not waiting.done()
@@ -623,7 +623,7 @@ def test_wait_for_path_type_and_nonempty(tmp_path: Path) -> None:
         slot = tmp_path / "slot"
         slot.write_text("")
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(slot), condition="dir"), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(slot), condition="dir"), ctx)
         )
         await asyncio.sleep(0.1)
         slot.unlink()
@@ -645,7 +645,7 @@ def test_unsubscribe_stops_events(tmp_path: Path) -> None:
         watch_id = await subscribe(cap, ctx, tmp_path)
         (tmp_path / "one").write_text("")
         await until_kind(ctx, "closed_write")
-        result = await cap.unsubscribe(UnsubscribeParams(watch_id=watch_id), ctx)
+        result = await cap.watch_unsubscribe(UnsubscribeParams(watch_id=watch_id), ctx)
         assert result.watch_id == watch_id
         got = await drain(ctx, 0.05)
         assert got and got[-1][1] == "ended" and got[-1][2].reason == "unsubscribed"
@@ -653,7 +653,7 @@ def test_unsubscribe_stops_events(tmp_path: Path) -> None:
         assert await drain(ctx) == []
         assert kernel_watches(cap) == 0
         with pytest.raises(NoSuchWatch):
-            await cap.unsubscribe(UnsubscribeParams(watch_id=watch_id), ctx)
+            await cap.watch_unsubscribe(UnsubscribeParams(watch_id=watch_id), ctx)
         await cap.close()
 
     run(main)
@@ -665,13 +665,13 @@ def test_shared_watch_descriptor_is_refcounted(tmp_path: Path) -> None:
         first = await subscribe(cap, ctx, tmp_path)
         second = await subscribe(cap, ctx, tmp_path, events=["created"])
         assert kernel_watches(cap) == 1
-        await cap.unsubscribe(UnsubscribeParams(watch_id=first), ctx)
+        await cap.watch_unsubscribe(UnsubscribeParams(watch_id=first), ctx)
         assert kernel_watches(cap) == 1
         await drain(ctx, 0.05)
         (tmp_path / "f").write_text("")
         got = await until_kind(ctx, "created")
         assert {topic for topic, _, _ in got} == {second}
-        await cap.unsubscribe(UnsubscribeParams(watch_id=second), ctx)
+        await cap.watch_unsubscribe(UnsubscribeParams(watch_id=second), ctx)
         assert kernel_watches(cap) == 0 and cap.hub.fileno() is None
         await cap.close()
 
@@ -724,7 +724,7 @@ def test_close_ends_subscriptions_and_waits(tmp_path: Path) -> None:
         cap, ctx = WatchCapability(Config()), LocalContext()
         await subscribe(cap, ctx, tmp_path)
         waiting = asyncio.create_task(
-            cap.wait_for_path(WaitForPathParams(path=str(tmp_path / "never")), ctx)
+            cap.watch_wait_for_path(WaitForPathParams(path=str(tmp_path / "never")), ctx)
         )
         await asyncio.sleep(0.1)
         await cap.close()
