@@ -254,12 +254,6 @@ class LedgerConflict(ExecdError):
     code = ErrorCode.LEDGER_CONFLICT
 
 
-class NoSuchLedger(ExecdError):
-    """No ledger for that session."""
-
-    code = ErrorCode.NO_SUCH_LEDGER
-
-
 class LedgerCorrupt(ExecdError):
     """The stored ledger failed verification."""
 

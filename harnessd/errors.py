@@ -310,12 +310,6 @@ class LedgerConflict(RemoteError):
     default_code = ErrorCode.LEDGER_CONFLICT
 
 
-class NoSuchLedger(RemoteError):
-    """No ledger for that session."""
-
-    default_code = ErrorCode.NO_SUCH_LEDGER
-
-
 class LedgerCorrupt(RemoteError):
     """The stored ledger failed verification."""
 
@@ -368,7 +362,6 @@ __all__ += [
     "LedgerCorrupt",
     "LimitExceeded",
     "NoSpace",
-    "NoSuchLedger",
     "NoSuchProcess",
     "NoSuchService",
     "NoSuchSession",

@@ -96,7 +96,6 @@ class ErrorCode(IntEnum):
 
     # -- session ledger --
     LEDGER_CONFLICT = 600
-    NO_SUCH_LEDGER = 601
     LEDGER_CORRUPT = 602
     ENTRY_TOO_LARGE = 603
 
