@@ -8,14 +8,19 @@ import sys
 from pathlib import Path
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (or dead)."""
+def state(pid: int) -> str | None:
+    """The state letter of ``pid`` (``R``, ``S``, ``T``, ``Z``, ...), None when it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
-        return False
+        return None
     # The state follows the parenthesised command name, which may contain spaces.
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+    return raw[raw.rfind(b")") + 2 :].split()[0].decode()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (or dead)."""
+    return state(pid) not in (None, "Z", "X")
 
 
 def _tcp_sockets_on(port: int) -> int:

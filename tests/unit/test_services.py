@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
-from execd import marker
-from execd.config import Config, Limits
 from execd.errors import (
     InvalidParams,
     LimitExceeded,
@@ -27,53 +22,26 @@ from execd.errors import (
     ServiceFailed,
     ShuttingDown,
 )
-from execd.service_log import LogFile, tail_start
 from execd.services import SERVICE_MARKER_VAR, ServicesCapability
 from protocol.api import services as api
+from tests.conftest import eventually
+from tests.support.capabilities import MARKER_VAR, marked
 from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive
 
-MARKER_VAR = "EXECD_MARKER"
-Main = Callable[[ServicesCapability, Path], Coroutine[Any, Any, None]]
-Runner = Callable[..., None]
+pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["uvloop", "asyncio"])
-def run(request: pytest.FixtureRequest, tmp_path: Path) -> Runner:
-    """Run ``main(capability, workdir)`` on a fresh loop; afterwards nothing marked survives."""
-
-    def runner(main: Main, **limits: Any) -> None:
-        tag = secrets.token_hex(8)
-
-        async def wrapper() -> None:
-            defaults: dict[str, Any] = {"kill_grace": 1.0, "drain_grace": 0.2}
-            config = Config(
-                marker_var=MARKER_VAR,
-                marker=tag,
-                state_dir=str(tmp_path / "state"),
-                limits=Limits(**(defaults | limits)),
-            )
-            env = marker.child_environment(os.environ, MARKER_VAR, tag)
-            cap = ServicesCapability(config, env)
-            try:
-                await asyncio.wait_for(main(cap, tmp_path), 60)
-            finally:
-                await cap.close()
-            await eventually(lambda: not marker.find_marked(MARKER_VAR, tag))
-
-        if request.param == "uvloop":
-            uvloop.run(wrapper())
-        else:
-            asyncio.run(wrapper())
-
-    return runner
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+@pytest.fixture
+async def cap(
+    request: pytest.FixtureRequest, marker_tag: str, tmp_path: Path
+) -> AsyncIterator[ServicesCapability]:
+    """A services capability keeping its state under ``tmp_path/state``."""
+    defaults = {"kill_grace": 1.0, "drain_grace": 0.2}
+    async with marked(
+        ServicesCapability, request, marker_tag, tmp_path / "state", **defaults
+    ) as cap:
+        yield cap
 
 
 def free_port() -> int:
@@ -98,149 +66,137 @@ async def logs(cap: ServicesCapability, name: str, **kw: Any) -> api.LogsResult:
 # -- start and readiness ---------------------------------------------------------------
 
 
-def test_web_server_ready_on_its_port_and_reachable(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        (work / "index.txt").write_text("served by the service\n")
-        port = free_port()
-        argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
-        params = api.StartParams(
-            name="web", argv=argv, cwd=str(work), probe=api.TcpProbe(port=port, timeout=20)
-        )
-        info = await cap.services_start(params, LocalContext())
-        assert info.state == "running" and info.ready and info.pid is not None
-        assert info.log_path == str(work / "state" / "services" / "web.log")
-        url = f"http://127.0.0.1:{port}/index.txt"
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
-        assert body == b"served by the service\n"
-        await eventually(lambda: b"GET /index.txt" in Path(info.log_path).read_bytes())
-        listing = await cap.services_list(api.ListParams(), LocalContext())
-        assert [s.name for s in listing.services] == ["web"]
-        final = await cap.services_stop(api.StopParams(name="web"), LocalContext())
-        assert final.state == "stopped" and final.signal == 15 and not alive(info.pid)
-
-    run(main)
-
-
-def test_service_that_crashes_at_start_fails_with_log_tail_and_status(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        command = "echo starting up; echo 'fatal: no config' >&2; exit 3"
-        params = start("crash", command, probe=api.TcpProbe(port=free_port(), timeout=20))
-        began = time.monotonic()
-        with pytest.raises(ServiceFailed) as caught:
-            await cap.services_start(params, LocalContext())
-        assert time.monotonic() - began < 10, "the exit must not wait for the probe timeout"
-        data = caught.value.data
-        assert data["exit_code"] == 3 and data["signal"] is None
-        assert "starting up" in data["log_tail"] and "fatal: no config" in data["log_tail"]
-        info = await status(cap, "crash")
-        assert info.state == "exited" and info.exit_code == 3 and not info.ready
-        # A finished service can be started again under the same name.
-        again = await cap.services_start(start("crash", "sleep 30"), LocalContext())
-        assert again.state == "running"
-
-    run(main)
+async def test_web_server_ready_on_its_port_and_reachable(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    (tmp_path / "index.txt").write_text("served by the service\n")
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    params = api.StartParams(
+        name="web", argv=argv, cwd=str(tmp_path), probe=api.TcpProbe(port=port, timeout=20)
+    )
+    info = await cap.services_start(params, LocalContext())
+    assert info.state == "running" and info.ready and info.pid is not None
+    assert info.log_path == str(tmp_path / "state" / "services" / "web.log")
+    url = f"http://127.0.0.1:{port}/index.txt"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+    assert body == b"served by the service\n"
+    await eventually(lambda: b"GET /index.txt" in Path(info.log_path).read_bytes())
+    listing = await cap.services_list(api.ListParams(), LocalContext())
+    assert [s.name for s in listing.services] == ["web"]
+    final = await cap.services_stop(api.StopParams(name="web"), LocalContext())
+    assert final.state == "stopped" and final.signal == 15 and not alive(info.pid)
 
 
-def test_killed_by_signal_before_ready_reports_the_signal(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        params = start("sig", "kill -9 $$", probe=api.LogProbe(pattern="never", timeout=20))
-        with pytest.raises(ServiceFailed) as caught:
-            await cap.services_start(params, LocalContext())
-        assert caught.value.data["signal"] == 9 and caught.value.data["exit_code"] is None
-
-    run(main)
-
-
-def test_log_probe_sees_lines_written_before_it_and_ignores_older_runs(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        command = "echo booting; echo 'listening on 8080'; exec sleep 30"
-        probe = api.LogProbe(pattern=r"listening on \d+$", timeout=20)
-        info = await cap.services_start(start("logged", command, probe=probe), LocalContext())
-        assert info.ready
-        await cap.services_stop(api.StopParams(name="logged"), LocalContext())
-        # The log still holds "listening on 8080" from the first run: it must not count.
-        quiet = start("logged", "echo still booting; exec sleep 30", probe=probe)
-        quiet.probe = api.LogProbe(pattern=r"listening on \d+$", timeout=0.7)
-        with pytest.raises(NotReady):
-            await cap.services_start(quiet, LocalContext())
-        # An unterminated last line matches too.
-        partial = start("partial", "printf 'ready> '; exec sleep 30")
-        partial.probe = api.LogProbe(pattern="ready>", timeout=20)
-        assert (await cap.services_start(partial, LocalContext())).ready
-
-    run(main)
+async def test_service_that_crashes_at_start_fails_with_log_tail_and_status(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    command = "echo starting up; echo 'fatal: no config' >&2; exit 3"
+    params = start("crash", command, probe=api.TcpProbe(port=free_port(), timeout=20))
+    began = time.monotonic()
+    with pytest.raises(ServiceFailed) as caught:
+        await cap.services_start(params, LocalContext())
+    assert time.monotonic() - began < 10, "the exit must not wait for the probe timeout"
+    data = caught.value.data
+    assert data["exit_code"] == 3 and data["signal"] is None
+    assert "starting up" in data["log_tail"] and "fatal: no config" in data["log_tail"]
+    info = await status(cap, "crash")
+    assert info.state == "exited" and info.exit_code == 3 and not info.ready
+    # A finished service can be started again under the same name.
+    again = await cap.services_start(start("crash", "sleep 30"), LocalContext())
+    assert again.state == "running"
 
 
-def test_command_probe_retries_until_it_succeeds(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        flag = work / "flag"
-        command = f"sleep 0.4; touch {flag}; exec sleep 30"
-        probe = api.CommandProbe(argv=["test", "-e", str(flag)], interval=0.05, timeout=20)
-        began = time.monotonic()
-        info = await cap.services_start(start("cmd", command, probe=probe), LocalContext())
-        assert info.ready and flag.exists()
-        assert time.monotonic() - began >= 0.35
-
-    run(main)
+async def test_killed_by_signal_before_ready_reports_the_signal(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    params = start("sig", "kill -9 $$", probe=api.LogProbe(pattern="never", timeout=20))
+    with pytest.raises(ServiceFailed) as caught:
+        await cap.services_start(params, LocalContext())
+    assert caught.value.data["signal"] == 9 and caught.value.data["exit_code"] is None
 
 
-def test_probe_timeout_reports_not_ready_and_stops_the_service(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        pidfile = work / "pid"
-        command = f"echo $$ > {pidfile}; echo waiting for nothing; exec sleep 300"
-        probe = api.CommandProbe(command="exit 1", interval=0.05, timeout=0.6)
-        with pytest.raises(NotReady) as caught:
-            await cap.services_start(start("never", command, probe=probe), LocalContext())
-        assert "waiting for nothing" in caught.value.data["log_tail"]
-        info = await status(cap, "never")
-        assert info.state == "stopped" and not info.ready
-        assert not alive(int(pidfile.read_text()))
+async def test_log_probe_sees_lines_written_before_it_and_ignores_older_runs(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    command = "echo booting; echo 'listening on 8080'; exec sleep 30"
+    probe = api.LogProbe(pattern=r"listening on \d+$", timeout=20)
+    info = await cap.services_start(start("logged", command, probe=probe), LocalContext())
+    assert info.ready
+    await cap.services_stop(api.StopParams(name="logged"), LocalContext())
+    # The log still holds "listening on 8080" from the first run: it must not count.
+    quiet = start("logged", "echo still booting; exec sleep 30", probe=probe)
+    quiet.probe = api.LogProbe(pattern=r"listening on \d+$", timeout=0.7)
+    with pytest.raises(NotReady):
+        await cap.services_start(quiet, LocalContext())
+    # An unterminated last line matches too.
+    partial = start("partial", "printf 'ready> '; exec sleep 30")
+    partial.probe = api.LogProbe(pattern="ready>", timeout=20)
+    assert (await cap.services_start(partial, LocalContext())).ready
 
-    run(main)
+
+async def test_command_probe_retries_until_it_succeeds(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    command = f"sleep 0.4; touch {flag}; exec sleep 30"
+    probe = api.CommandProbe(argv=["test", "-e", str(flag)], interval=0.05, timeout=20)
+    began = time.monotonic()
+    info = await cap.services_start(start("cmd", command, probe=probe), LocalContext())
+    assert info.ready and flag.exists()
+    assert time.monotonic() - began >= 0.35
 
 
-def test_no_probe_means_ready_once_spawned(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        params = start("plain", 'echo "$GREETING from $(pwd)"; exec sleep 30')
-        params.cwd = str(work)
-        params.env = {"GREETING": "hello"}
-        info = await cap.services_start(params, LocalContext())
-        assert info.state == "running" and info.ready
-        await eventually(lambda: Path(info.log_path).read_bytes() != b"")
-        assert Path(info.log_path).read_text() == f"hello from {work}\n"
-        environ = Path(f"/proc/{info.pid}/environ").read_bytes().split(b"\0")
-        assert any(item.startswith(SERVICE_MARKER_VAR.encode() + b"=") for item in environ)
-        assert any(item.startswith(MARKER_VAR.encode() + b"=") for item in environ)
+async def test_probe_timeout_reports_not_ready_and_stops_the_service(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    command = f"echo $$ > {pidfile}; echo waiting for nothing; exec sleep 300"
+    probe = api.CommandProbe(command="exit 1", interval=0.05, timeout=0.6)
+    with pytest.raises(NotReady) as caught:
+        await cap.services_start(start("never", command, probe=probe), LocalContext())
+    assert "waiting for nothing" in caught.value.data["log_tail"]
+    info = await status(cap, "never")
+    assert info.state == "stopped" and not info.ready
+    assert not alive(int(pidfile.read_text()))
 
-    run(main)
+
+async def test_no_probe_means_ready_once_spawned(cap: ServicesCapability, tmp_path: Path) -> None:
+    params = start("plain", 'echo "$GREETING from $(pwd)"; exec sleep 30')
+    params.cwd = str(tmp_path)
+    params.env = {"GREETING": "hello"}
+    info = await cap.services_start(params, LocalContext())
+    assert info.state == "running" and info.ready
+    await eventually(lambda: Path(info.log_path).read_bytes() != b"")
+    assert Path(info.log_path).read_text() == f"hello from {tmp_path}\n"
+    environ = Path(f"/proc/{info.pid}/environ").read_bytes().split(b"\0")
+    assert any(item.startswith(SERVICE_MARKER_VAR.encode() + b"=") for item in environ)
+    assert any(item.startswith(MARKER_VAR.encode() + b"=") for item in environ)
 
 
 # -- logs ---------------------------------------------------------------------------------
 
 
-def test_logs_tail_by_lines_bytes_and_offset(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        command = "i=1; while [ $i -le 50 ]; do echo line $i; i=$((i+1)); done"
-        info = await cap.services_start(start("lines", command), LocalContext())
-        await eventually(lambda: status_sync(cap, "lines") == "exited")
-        everything = b"".join(b"line %d\n" % i for i in range(1, 51))
-        assert Path(info.log_path).read_bytes() == everything
-        tail = await logs(cap, "lines", lines=3)
-        assert tail.data == b"line 48\nline 49\nline 50\n"
-        assert tail.end == tail.size == len(everything)
-        assert tail.start == len(everything) - len(tail.data)
-        assert (await logs(cap, "lines", nbytes=9)).data == b"\nline 50\n"
-        # The byte bound wins over the line count, even mid-line.
-        assert (await logs(cap, "lines", lines=3, nbytes=10)).data == b"9\nline 50\n"
-        assert (await logs(cap, "lines", offset=tail.start, nbytes=8)).data == b"line 48\n"
-        default = await logs(cap, "lines")
-        assert default.data == everything  # fewer lines than the default count
-        with pytest.raises(InvalidParams):
-            await logs(cap, "lines", lines=1, offset=0)
-        with pytest.raises(NoSuchService):
-            await logs(cap, "nothing")
-
-    run(main)
+async def test_logs_tail_by_lines_bytes_and_offset(cap: ServicesCapability, tmp_path: Path) -> None:
+    command = "i=1; while [ $i -le 50 ]; do echo line $i; i=$((i+1)); done"
+    info = await cap.services_start(start("lines", command), LocalContext())
+    await eventually(lambda: status_sync(cap, "lines") == "exited")
+    everything = b"".join(b"line %d\n" % i for i in range(1, 51))
+    assert Path(info.log_path).read_bytes() == everything
+    tail = await logs(cap, "lines", lines=3)
+    assert tail.data == b"line 48\nline 49\nline 50\n"
+    assert tail.end == tail.size == len(everything)
+    assert tail.start == len(everything) - len(tail.data)
+    assert (await logs(cap, "lines", nbytes=9)).data == b"\nline 50\n"
+    # The byte bound wins over the line count, even mid-line.
+    assert (await logs(cap, "lines", lines=3, nbytes=10)).data == b"9\nline 50\n"
+    assert (await logs(cap, "lines", offset=tail.start, nbytes=8)).data == b"line 48\n"
+    default = await logs(cap, "lines")
+    assert default.data == everything  # fewer lines than the default count
+    with pytest.raises(InvalidParams):
+        await logs(cap, "lines", lines=1, offset=0)
+    with pytest.raises(NoSuchService):
+        await logs(cap, "nothing")
 
 
 def status_sync(cap: ServicesCapability, name: str) -> str:
@@ -248,191 +204,156 @@ def status_sync(cap: ServicesCapability, name: str) -> str:
     return cap._services[name].state
 
 
-def test_tail_start_reads_backwards_across_blocks(tmp_path: Path) -> None:
-    async def main() -> None:
-        log_file = LogFile(str(tmp_path / "big.log"))
-        lines = [b"x" * (i % 97) + b"%d\n" % i for i in range(5000)]
-        for line in lines:
-            log_file.write(line)
-        data = b"".join(lines)
-        size = log_file.size()
-        assert size == len(data)
-        for count in (1, 2, 10, 1000, 4999):
-            start = tail_start(log_file, size, count, 0)
-            assert data[start:] == b"".join(lines[-count:])
-        assert tail_start(log_file, size, 10_000, 0) == 0
-        assert tail_start(log_file, size, 10_000, size - 100) == size - 100
-        log_file.write(b"unterminated")
-        size = log_file.size()
-        assert (
-            log_file.pread(tail_start(log_file, size, 2, 0), 10**6) == lines[-1] + b"unterminated"
-        )
-        log_file.close()
-
-    asyncio.run(main())
-
-
-def test_follow_streams_live_lines_until_the_service_ends(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        go = work / "go"
-        command = (
-            f"echo first; while [ ! -e {go} ]; do sleep 0.02; done;"
-            " for i in 1 2 3 4 5; do echo tick $i; sleep 0.05; done"
-        )
-        await cap.services_start(start("ticker", command), LocalContext())
-        ctx = LocalContext()
-        follow = asyncio.ensure_future(
-            cap.services_logs(api.LogsParams(name="ticker", offset=0, follow=True), ctx)
-        )
-        await eventually(lambda: ctx.received(api.LOG_STREAM) == b"first\n")
-        assert not follow.done()
-        go.touch()
-        result = await asyncio.wait_for(follow, 20)
-        expected = b"first\n" + b"".join(b"tick %d\n" % i for i in range(1, 6))
-        assert ctx.received(api.LOG_STREAM) == expected
-        assert api.LOG_STREAM in ctx.ended
-        assert (result.start, result.end, result.size) == (0, len(expected), len(expected))
-
-    run(main)
+async def test_follow_streams_live_lines_until_the_service_ends(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    command = (
+        f"echo first; while [ ! -e {go} ]; do sleep 0.02; done;"
+        " for i in 1 2 3 4 5; do echo tick $i; sleep 0.05; done"
+    )
+    await cap.services_start(start("ticker", command), LocalContext())
+    ctx = LocalContext()
+    follow = asyncio.ensure_future(
+        cap.services_logs(api.LogsParams(name="ticker", offset=0, follow=True), ctx)
+    )
+    await eventually(lambda: ctx.received(api.LOG_STREAM) == b"first\n")
+    assert not follow.done()
+    go.touch()
+    result = await asyncio.wait_for(follow, 20)
+    expected = b"first\n" + b"".join(b"tick %d\n" % i for i in range(1, 6))
+    assert ctx.received(api.LOG_STREAM) == expected
+    assert api.LOG_STREAM in ctx.ended
+    assert (result.start, result.end, result.size) == (0, len(expected), len(expected))
 
 
-def test_follow_from_the_end_until_cancelled(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        info = await cap.services_start(
-            start("chatty", "echo old; while :; do echo new; sleep 0.05; done"), LocalContext()
-        )
-        await eventually(lambda: Path(info.log_path).stat().st_size > 0)
-        ctx = LocalContext()
-        follow = asyncio.ensure_future(
-            cap.services_logs(api.LogsParams(name="chatty", follow=True), ctx)
-        )
-        await eventually(lambda: ctx.received(api.LOG_STREAM).count(b"new\n") >= 3)
-        assert b"old" not in ctx.received(api.LOG_STREAM)
-        follow.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await follow
-        assert api.LOG_STREAM not in ctx.ended
-
-    run(main)
+async def test_follow_from_the_end_until_cancelled(cap: ServicesCapability, tmp_path: Path) -> None:
+    info = await cap.services_start(
+        start("chatty", "echo old; while :; do echo new; sleep 0.05; done"), LocalContext()
+    )
+    await eventually(lambda: Path(info.log_path).stat().st_size > 0)
+    ctx = LocalContext()
+    follow = asyncio.ensure_future(
+        cap.services_logs(api.LogsParams(name="chatty", follow=True), ctx)
+    )
+    await eventually(lambda: ctx.received(api.LOG_STREAM).count(b"new\n") >= 3)
+    assert b"old" not in ctx.received(api.LOG_STREAM)
+    follow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follow
+    assert api.LOG_STREAM not in ctx.ended
 
 
 # -- restarts, stop, close -------------------------------------------------------------------
 
 
-def test_restart_on_failure_counts_and_backs_off(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        policy = api.RestartPolicy(
-            policy="on-failure", max_restarts=3, backoff_initial=0.1, backoff_max=0.2
-        )
-        began = time.monotonic()
-        await cap.services_start(start("flaky", "echo run; exit 4", restart=policy), LocalContext())
-        await eventually(lambda: status_sync(cap, "flaky") == "exited")
-        elapsed = time.monotonic() - began
-        info = await status(cap, "flaky")
-        assert info.restarts == 3 and info.exit_code == 4
-        assert elapsed >= 0.1 + 0.2 + 0.2 - 0.05  # three backoffs, the later ones capped
-        assert Path(info.log_path).read_text() == "run\n" * 4
-
-    run(main)
-
-
-def test_clean_exit_and_stopped_service_are_not_restarted(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        policy = api.RestartPolicy(policy="on-failure", max_restarts=5, backoff_initial=0.05)
-        await cap.services_start(start("clean", "exit 0", restart=policy), LocalContext())
-        await eventually(lambda: status_sync(cap, "clean") == "exited")
-        await cap.services_start(start("held", "exec sleep 300", restart=policy), LocalContext())
-        stopped = await cap.services_stop(api.StopParams(name="held"), LocalContext())
-        assert stopped.state == "stopped"
-        await asyncio.sleep(0.3)
-        for name in ("clean", "held"):
-            assert (await status(cap, name)).restarts == 0
-        assert (await status(cap, "held")).state == "stopped"
-
-    run(main)
+async def test_restart_on_failure_counts_and_backs_off(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    policy = api.RestartPolicy(
+        policy="on-failure", max_restarts=3, backoff_initial=0.1, backoff_max=0.2
+    )
+    began = time.monotonic()
+    await cap.services_start(start("flaky", "echo run; exit 4", restart=policy), LocalContext())
+    await eventually(lambda: status_sync(cap, "flaky") == "exited")
+    elapsed = time.monotonic() - began
+    info = await status(cap, "flaky")
+    assert info.restarts == 3 and info.exit_code == 4
+    assert elapsed >= 0.1 + 0.2 + 0.2 - 0.05  # three backoffs, the later ones capped
+    assert Path(info.log_path).read_text() == "run\n" * 4
 
 
-def test_stop_kills_the_whole_group_and_escaped_descendants(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        command = (
-            f"sleep 300 & echo $! > {work}/grandchild;"
-            f" setsid sleep 300 & echo $! > {work}/escaped;"
-            " trap '' TERM; while :; do sleep 0.05; done"
-        )
-        info = await cap.services_start(start("tree", command), LocalContext())
-        await eventually(lambda: (work / "escaped").exists() and (work / "grandchild").exists())
-        await eventually(lambda: (work / "escaped").read_text().strip() != "")
-        grandchild = int((work / "grandchild").read_text())
-        escaped = int((work / "escaped").read_text())
-        assert alive(grandchild) and alive(escaped)
-        began = time.monotonic()
-        final = await cap.services_stop(api.StopParams(name="tree", grace=0.3), LocalContext())
-        assert time.monotonic() - began < 8
-        assert final.state == "stopped"
-        assert info.pid is not None and not alive(info.pid)
-        await eventually(lambda: not alive(grandchild) and not alive(escaped))
-
-    run(main)
+async def test_clean_exit_and_stopped_service_are_not_restarted(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    policy = api.RestartPolicy(policy="on-failure", max_restarts=5, backoff_initial=0.05)
+    await cap.services_start(start("clean", "exit 0", restart=policy), LocalContext())
+    await eventually(lambda: status_sync(cap, "clean") == "exited")
+    await cap.services_start(start("held", "exec sleep 300", restart=policy), LocalContext())
+    stopped = await cap.services_stop(api.StopParams(name="held"), LocalContext())
+    assert stopped.state == "stopped"
+    for name in ("clean", "held"):
+        supervisor = cap._services[name].supervisor
+        assert supervisor is not None
+        await asyncio.wait_for(supervisor, 10)  # done: it restarts nothing any more
+    for name in ("clean", "held"):
+        assert (await status(cap, name)).restarts == 0
+    assert (await status(cap, "held")).state == "stopped"
 
 
-def test_restart_method_starts_a_fresh_instance(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        probe = api.LogProbe(pattern="up", timeout=20)
-        first = await cap.services_start(
-            start("svc", "echo up; exec sleep 30", probe=probe), LocalContext()
-        )
-        again = await cap.services_restart(api.RestartParams(name="svc"), LocalContext())
-        assert again.state == "running" and again.ready and again.pid != first.pid
-        assert first.pid is not None and not alive(first.pid)
-        assert Path(again.log_path).read_text() == "up\nup\n"
+async def test_stop_kills_the_whole_group_and_escaped_descendants(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    command = (
+        f"sleep 300 & echo $! > {tmp_path}/grandchild;"
+        f" setsid sleep 300 & echo $! > {tmp_path}/escaped;"
+        " trap '' TERM; while :; do sleep 0.05; done"
+    )
+    info = await cap.services_start(start("tree", command), LocalContext())
+    await eventually(lambda: (tmp_path / "escaped").exists() and (tmp_path / "grandchild").exists())
+    await eventually(lambda: (tmp_path / "escaped").read_text().strip() != "")
+    grandchild = int((tmp_path / "grandchild").read_text())
+    escaped = int((tmp_path / "escaped").read_text())
+    assert alive(grandchild) and alive(escaped)
+    began = time.monotonic()
+    final = await cap.services_stop(api.StopParams(name="tree", grace=0.3), LocalContext())
+    assert time.monotonic() - began < 8
+    assert final.state == "stopped"
+    assert info.pid is not None and not alive(info.pid)
+    await eventually(lambda: not alive(grandchild) and not alive(escaped))
 
-    run(main)
+
+async def test_restart_method_starts_a_fresh_instance(
+    cap: ServicesCapability, tmp_path: Path
+) -> None:
+    probe = api.LogProbe(pattern="up", timeout=20)
+    first = await cap.services_start(
+        start("svc", "echo up; exec sleep 30", probe=probe), LocalContext()
+    )
+    again = await cap.services_restart(api.RestartParams(name="svc"), LocalContext())
+    assert again.state == "running" and again.ready and again.pid != first.pid
+    assert first.pid is not None and not alive(first.pid)
+    assert Path(again.log_path).read_text() == "up\nup\n"
 
 
-def test_close_kills_every_service(run: Runner) -> None:
+async def test_close_kills_every_service(cap: ServicesCapability) -> None:
     pids: list[int] = []
-
-    async def main(cap: ServicesCapability, work: Path) -> None:
-        for name in ("a", "b"):
-            info = await cap.services_start(
-                start(name, "trap '' TERM; sleep 300 & wait"), LocalContext()
-            )
-            assert info.pid is not None
-            pids.append(info.pid)
-        policy = api.RestartPolicy(policy="on-failure", backoff_initial=60)
-        await cap.services_start(start("waiting", "exit 1", restart=policy), LocalContext())
-        await eventually(lambda: status_sync(cap, "waiting") == "backoff")
-        await cap.close()
-        assert not any(alive(pid) for pid in pids)
-        with pytest.raises(ShuttingDown):
-            await cap.services_start(start("late", "true"), LocalContext())
-
-    run(main)
+    for name in ("a", "b"):
+        info = await cap.services_start(
+            start(name, "trap '' TERM; sleep 300 & wait"), LocalContext()
+        )
+        assert info.pid is not None
+        pids.append(info.pid)
+    policy = api.RestartPolicy(policy="on-failure", backoff_initial=60)
+    await cap.services_start(start("waiting", "exit 1", restart=policy), LocalContext())
+    await eventually(lambda: status_sync(cap, "waiting") == "backoff")
+    await cap.close()
+    assert not any(alive(pid) for pid in pids)
+    with pytest.raises(ShuttingDown):
+        await cap.services_start(start("late", "true"), LocalContext())
 
 
-def test_errors_exists_limit_and_invalid(run: Runner) -> None:
-    async def main(cap: ServicesCapability, work: Path) -> None:
+@pytest.mark.limits(max_services=2)
+async def test_errors_exists_limit_and_invalid(cap: ServicesCapability, tmp_path: Path) -> None:
+    await cap.services_start(start("one", "exec sleep 30"), LocalContext())
+    with pytest.raises(ServiceExists):
         await cap.services_start(start("one", "exec sleep 30"), LocalContext())
-        with pytest.raises(ServiceExists):
-            await cap.services_start(start("one", "exec sleep 30"), LocalContext())
-        await cap.services_start(start("two", "exec sleep 30"), LocalContext())
-        with pytest.raises(LimitExceeded):
-            await cap.services_start(start("three", "exec sleep 30"), LocalContext())
-        await cap.services_stop(api.StopParams(name="two"), LocalContext())
-        # A finished service makes room for a new one.
+    await cap.services_start(start("two", "exec sleep 30"), LocalContext())
+    with pytest.raises(LimitExceeded):
         await cap.services_start(start("three", "exec sleep 30"), LocalContext())
-        with pytest.raises(NoSuchService):
-            await status(cap, "two")
-        with pytest.raises(InvalidParams):
-            await cap.services_start(api.StartParams(name="x"), LocalContext())
-        with pytest.raises(InvalidParams):
-            bad = start("x", "true", env={MARKER_VAR: "other"})
-            await cap.services_start(bad, LocalContext())
-        with pytest.raises(InvalidParams):
-            await cap.services_start(
-                start("x", "true", probe=api.LogProbe(pattern="(")), LocalContext()
-            )
-        with pytest.raises(NoSuchService):
-            await cap.services_stop(api.StopParams(name="ghost"), LocalContext())
-
-    run(main, max_services=2)
+    await cap.services_stop(api.StopParams(name="two"), LocalContext())
+    # A finished service makes room for a new one.
+    await cap.services_start(start("three", "exec sleep 30"), LocalContext())
+    with pytest.raises(NoSuchService):
+        await status(cap, "two")
+    with pytest.raises(InvalidParams):
+        await cap.services_start(api.StartParams(name="x"), LocalContext())
+    with pytest.raises(InvalidParams):
+        bad = start("x", "true", env={MARKER_VAR: "other"})
+        await cap.services_start(bad, LocalContext())
+    with pytest.raises(InvalidParams):
+        await cap.services_start(
+            start("x", "true", probe=api.LogProbe(pattern="(")), LocalContext()
+        )
+    with pytest.raises(NoSuchService):
+        await cap.services_stop(api.StopParams(name="ghost"), LocalContext())

@@ -1,0 +1,80 @@
+"""What every test shares: the event loops async tests run on, and waiting for a condition.
+
+Async tests are plain ``async def`` functions in modules marked
+``pytestmark = pytest.mark.anyio``: anyio's pytest plugin runs each one, with
+its async fixtures, on a fresh event loop chosen by :func:`anyio_backend`,
+and fails the test for an exception that reached the loop's exception
+handler (a callback that raised, a task whose error nobody retrieved).
+
+By default every async test runs twice, on uvloop (what execd and the
+harnessd command line use) and on asyncio's own loop (what a library user
+may bring): code that runs in the test's process must work on both. Tests
+whose own process only drives real daemons in subprocesses gain nothing
+from the second loop; they run once with :data:`one_loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
+ASYNCIO = pytest.param(("asyncio", {}), id="asyncio")
+
+one_loop = pytest.mark.parametrize("anyio_backend", [ASYNCIO])
+"""Run a test (or, as ``pytestmark``, a module) on asyncio's own loop only."""
+
+
+@pytest.fixture(params=[UVLOOP, ASYNCIO])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """The event loop an async test runs on: uvloop, then asyncio's own."""
+    return request.param
+
+
+@pytest.fixture
+def marker_tag() -> str:
+    """A fresh marker for the processes one test starts."""
+    return secrets.token_hex(8)
+
+
+async def eventually(
+    check: Callable[[], T | Awaitable[T]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+) -> T:
+    """Wait until ``check()`` (a function or a coroutine function) gives something true; return it.
+
+    Fails the test (AssertionError naming ``what``) once ``timeout`` seconds
+    have passed. For conditions nothing announces: a process's death, a file
+    another process writes. Where the code under test offers an event or a
+    future, await that instead.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what or 'condition'} not reached in {timeout:g} s"
+        await asyncio.sleep(interval)
+
+
+def eventually_blocking(
+    check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """:func:`eventually` for code that runs no event loop (it sleeps the thread)."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what or 'condition'} not reached in {timeout:g} s"
+        time.sleep(interval)
+    return result
