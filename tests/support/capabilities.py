@@ -1,7 +1,7 @@
 """Capabilities under test in the test's own process: configured, marked, and cleaned up after.
 
-Each capability test module turns :func:`marked` into its fixture. The
-capability's processes carry a fresh marker; when the test ends the
+Each capability test module makes its fixture with :func:`capability_fixture`.
+The capability's processes carry a fresh marker; when the test ends the
 capability is closed and the test fails if any marked process survives.
 A test adjusts limits with ``@pytest.mark.limits(name=value, ...)``.
 """
@@ -57,3 +57,27 @@ async def marked(
     finally:
         await cap.close()
     await eventually(lambda: not marker.find_marked(MARKER_VAR, tag), what="no marked process")
+
+
+def capability_fixture(
+    make: Callable[[Config, dict[str, str]], C],
+    *,
+    after: Callable[[C, Path], None] | None = None,
+    **defaults: Any,
+) -> Any:
+    """A fixture yielding ``make(...)`` under :func:`marked`, state in ``tmp_path/state``.
+
+    ``after(capability, state_dir)`` checks what is left once it is closed.
+    """
+
+    @pytest.fixture
+    async def capability(
+        request: pytest.FixtureRequest, marker_tag: str, tmp_path: Path
+    ) -> AsyncIterator[C]:
+        state = tmp_path / "state"
+        async with marked(make, request, marker_tag, state, **defaults) as cap:
+            yield cap
+        if after is not None:
+            after(cap, state)
+
+    return capability

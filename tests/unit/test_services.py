@@ -7,7 +7,6 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,14 @@ from execd.errors import (
 from execd.services import SERVICE_MARKER_VAR, ServicesCapability
 from protocol.api import services as api
 from tests.conftest import eventually
-from tests.support.capabilities import MARKER_VAR, marked
+from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def cap(
-    request: pytest.FixtureRequest, marker_tag: str, tmp_path: Path
-) -> AsyncIterator[ServicesCapability]:
-    """A services capability keeping its state under ``tmp_path/state``."""
-    defaults = {"kill_grace": 1.0, "drain_grace": 0.2}
-    async with marked(
-        ServicesCapability, request, marker_tag, tmp_path / "state", **defaults
-    ) as cap:
-        yield cap
+cap = capability_fixture(ServicesCapability, kill_grace=1.0, drain_grace=0.2)
 
 
 def free_port() -> int:

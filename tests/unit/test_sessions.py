@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,18 @@ from execd.errors import (
 from execd.sessions import SESSION_MARKER_VAR, SessionsCapability
 from protocol.api import sessions as api
 from tests.conftest import eventually
-from tests.support.capabilities import MARKER_VAR, marked
+from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def cap(
-    request: pytest.FixtureRequest, marker_tag: str, tmp_path: Path
-) -> AsyncIterator[SessionsCapability]:
-    """A sessions capability; afterwards no session directory is left either."""
-    state = tmp_path / "state"
-    async with marked(SessionsCapability, request, marker_tag, state, kill_grace=0.5) as cap:
-        yield cap
+def _no_session_directory(cap: SessionsCapability, state: Path) -> None:
     assert list((state / "sessions").iterdir()) == []
+
+
+cap = capability_fixture(SessionsCapability, after=_no_session_directory, kill_grace=0.5)
 
 
 def children(parent: int, name: str) -> list[int]:

@@ -7,7 +7,6 @@ import os
 import signal
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +25,18 @@ from execd.errors import (
 from execd.shell import ShellCapability
 from protocol.api import shell as api
 from tests.conftest import eventually
-from tests.support.capabilities import MARKER_VAR, marked
+from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive, searchable_path, state
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def cap(
-    request: pytest.FixtureRequest, marker_tag: str, tmp_path: Path
-) -> AsyncIterator[ShellCapability]:
-    """A shell capability; afterwards no command it started is left."""
-    defaults = {"kill_grace": 1.0, "drain_grace": 0.2}
-    async with marked(ShellCapability, request, marker_tag, tmp_path / "state", **defaults) as cap:
-        yield cap
+def _nothing_running(cap: ShellCapability, state: Path) -> None:
     assert cap.live_processes == 0
+
+
+cap = capability_fixture(ShellCapability, after=_nothing_running, kill_grace=1.0, drain_grace=0.2)
 
 
 async def gone(*pids: int) -> None:
