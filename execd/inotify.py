@@ -321,11 +321,6 @@ class InotifyHub:
         """The descriptor while open, else ``None``."""
         return None if self._ino is None else self._ino.fileno()
 
-    @property
-    def watch_count(self) -> int:
-        """Kernel watches currently held (distinct wds)."""
-        return len(self._holders)
-
     def holds(self, user: WatchUser, wd: int) -> bool:
         """Whether ``user`` holds ``wd``."""
         return wd in self._held.get(user, ())

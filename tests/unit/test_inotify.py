@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
-import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,12 +28,7 @@ from execd.inotify import (
     parse_events,
 )
 
-T = TypeVar("T")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
+pytestmark = pytest.mark.anyio
 
 
 def kernel_watches(fd: int) -> int:
@@ -211,64 +203,55 @@ class Recorder:
                 await self.changed.wait()
 
 
-def test_hub_refcounts_shared_watches(tmp_path: Path) -> None:
-    async def main() -> None:
-        hub = InotifyHub()
-        one, two = Recorder(), Recorder()
-        wd1, fresh1 = hub.acquire(one, str(tmp_path))
-        wd2, fresh2 = hub.acquire(two, str(tmp_path))
-        assert wd1 == wd2 and fresh1 and fresh2
-        assert hub.acquire(one, str(tmp_path)) == (wd1, False)
-        fd = hub.fileno()
-        assert fd is not None and kernel_watches(fd) == 1
-        hub.release(one, wd1)
-        assert kernel_watches(fd) == 1 and hub.watch_count == 1
-        (tmp_path / "f").write_text("x")
-        await two.wait_for(("event", (IN_CLOSE_WRITE, "f")))
-        assert one.log == []
-        hub.release(two, wd1)
-        assert hub.watch_count == 0 and hub.fileno() is None
-        with pytest.raises(OSError):
-            os.fstat(fd)  # the descriptor is closed
-
-    run(main)
+async def test_hub_refcounts_shared_watches(tmp_path: Path) -> None:
+    hub = InotifyHub()
+    one, two = Recorder(), Recorder()
+    wd1, fresh1 = hub.acquire(one, str(tmp_path))
+    wd2, fresh2 = hub.acquire(two, str(tmp_path))
+    assert wd1 == wd2 and fresh1 and fresh2
+    assert hub.acquire(one, str(tmp_path)) == (wd1, False)
+    fd = hub.fileno()
+    assert fd is not None and kernel_watches(fd) == 1
+    hub.release(one, wd1)
+    assert kernel_watches(fd) == 1
+    (tmp_path / "f").write_text("x")
+    await two.wait_for(("event", (IN_CLOSE_WRITE, "f")))
+    assert one.log == []
+    hub.release(two, wd1)
+    assert hub.fileno() is None  # no watch left: the descriptor is closed
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the descriptor is closed
 
 
-def test_hub_pairs_renames_and_splits_sides(tmp_path: Path) -> None:
-    async def main() -> None:
-        left, right, outside = tmp_path / "left", tmp_path / "right", tmp_path / "outside"
-        for d in (left, right, outside):
-            d.mkdir()
-        hub = InotifyHub(move_grace=0.01)
-        both, only_left = Recorder(), Recorder()
-        hub.acquire(both, str(left))
-        hub.acquire(both, str(right))
-        hub.acquire(only_left, str(left))
-        (left / "a").write_text("")
-        os.rename(left / "a", right / "b")
-        await both.wait_for(("move", ("a", "b")))
-        await only_left.wait_for(("move", ("a", None)))
-        (outside / "c").write_text("")
-        os.rename(outside / "c", right / "c")
-        await both.wait_for(("move", (None, "c")))
-        os.rename(right / "c", outside / "c")
-        await both.wait_for(("move", ("c", None)))
-        assert ("move", ("c", None)) not in only_left.log
-        hub.close()
-
-    run(main)
+async def test_hub_pairs_renames_and_splits_sides(tmp_path: Path) -> None:
+    left, right, outside = tmp_path / "left", tmp_path / "right", tmp_path / "outside"
+    for d in (left, right, outside):
+        d.mkdir()
+    hub = InotifyHub(move_grace=0.01)
+    both, only_left = Recorder(), Recorder()
+    hub.acquire(both, str(left))
+    hub.acquire(both, str(right))
+    hub.acquire(only_left, str(left))
+    (left / "a").write_text("")
+    os.rename(left / "a", right / "b")
+    await both.wait_for(("move", ("a", "b")))
+    await only_left.wait_for(("move", ("a", None)))
+    (outside / "c").write_text("")
+    os.rename(outside / "c", right / "c")
+    await both.wait_for(("move", (None, "c")))
+    os.rename(right / "c", outside / "c")
+    await both.wait_for(("move", ("c", None)))
+    assert ("move", ("c", None)) not in only_left.log
+    hub.close()
 
 
-def test_hub_reports_ignored_when_the_directory_goes(tmp_path: Path) -> None:
-    async def main() -> None:
-        hub = InotifyHub()
-        user = Recorder()
-        target = tmp_path / "d"
-        target.mkdir()
-        wd, _ = hub.acquire(user, str(target))
-        target.rmdir()
-        await user.wait_for(("ignored", wd))
-        assert not hub.holds(user, wd)
-        assert hub.fileno() is None  # the last watch went with the directory
-
-    run(main)
+async def test_hub_reports_ignored_when_the_directory_goes(tmp_path: Path) -> None:
+    hub = InotifyHub()
+    user = Recorder()
+    target = tmp_path / "d"
+    target.mkdir()
+    wd, _ = hub.acquire(user, str(target))
+    target.rmdir()
+    await user.wait_for(("ignored", wd))
+    assert not hub.holds(user, wd)
+    assert hub.fileno() is None  # the last watch went with the directory
