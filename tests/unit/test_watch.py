@@ -559,64 +559,48 @@ async def test_wait_for_path_timeout_and_immediate(cap: WatchCapability, tmp_pat
     assert kernel_watches(cap) == 0
 
 
+async def met_after(
+    cap: WatchCapability, path: Path, condition: str, armed_at: Path, change: Callable[[], object]
+) -> None:
+    """``wait_for_path`` waits (armed at ``armed_at``) until ``change()`` makes ``condition`` true."""
+    params = WaitForPathParams(path=str(path), condition=condition)
+    waiting = asyncio.create_task(cap.watch_wait_for_path(params, LocalContext()))
+    await eventually(lambda: watching(cap, armed_at), what=f"a watch on {armed_at}")
+    assert not waiting.done()
+    change()
+    assert (await asyncio.wait_for(waiting, 10)).met
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(text)
+
+
+def replace_by_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
 async def test_wait_for_path_absent_and_ancestor_rename(
     cap: WatchCapability, tmp_path: Path
 ) -> None:
-    ctx = LocalContext()
     doomed = tmp_path / "doomed"
     doomed.write_text("")
-    waiting = asyncio.create_task(
-        cap.watch_wait_for_path(WaitForPathParams(path=str(doomed), condition="absent"), ctx)
-    )
-    await eventually(lambda: watching(cap, tmp_path))
-    assert not waiting.done()
-    doomed.unlink()
-    assert (await asyncio.wait_for(waiting, 10)).met
-
+    await met_after(cap, doomed, "absent", tmp_path, doomed.unlink)
     deep = tmp_path / "top" / "mid" / "leaf"
     deep.mkdir(parents=True)
-    waiting = asyncio.create_task(
-        cap.watch_wait_for_path(WaitForPathParams(path=str(deep), condition="absent"), ctx)
-    )
-    await eventually(lambda: watching(cap, deep.parent))
-    assert not waiting.done()
-    os.rename(tmp_path / "top", tmp_path / "renamed")
-    assert (await asyncio.wait_for(waiting, 10)).met
+    renamed = tmp_path / "renamed"
+    await met_after(cap, deep, "absent", deep.parent, lambda: (tmp_path / "top").rename(renamed))
 
 
 async def test_wait_for_path_type_and_nonempty(cap: WatchCapability, tmp_path: Path) -> None:
-    ctx = LocalContext()
-    log = tmp_path / "log"
+    log, out, slot = tmp_path / "log", tmp_path / "out", tmp_path / "slot"
     log.write_text("")
-    waiting = asyncio.create_task(
-        cap.watch_wait_for_path(WaitForPathParams(path=str(log), condition="nonempty"), ctx)
-    )
-    await eventually(lambda: watching(cap, log))
-    assert not waiting.done()
-    with open(log, "a") as handle:
-        handle.write("line\n")
-    assert (await asyncio.wait_for(waiting, 10)).met
-
-    out = tmp_path / "out"
+    await met_after(cap, log, "nonempty", log, lambda: append(log, "line\n"))
     out.mkdir()
-    waiting = asyncio.create_task(
-        cap.watch_wait_for_path(WaitForPathParams(path=str(out), condition="nonempty"), ctx)
-    )
-    await eventually(lambda: watching(cap, out))
-    assert not waiting.done()
-    (out / "part").mkdir()
-    assert (await asyncio.wait_for(waiting, 10)).met
-
-    slot = tmp_path / "slot"
+    await met_after(cap, out, "nonempty", out, (out / "part").mkdir)
     slot.write_text("")
-    waiting = asyncio.create_task(
-        cap.watch_wait_for_path(WaitForPathParams(path=str(slot), condition="dir"), ctx)
-    )
-    await eventually(lambda: watching(cap, tmp_path))
-    assert not waiting.done()
-    slot.unlink()
-    slot.mkdir()
-    assert (await asyncio.wait_for(waiting, 10)).met
+    await met_after(cap, slot, "dir", tmp_path, lambda: replace_by_directory(slot))
 
 
 # -- lifecycle ---------------------------------------------------------------------------
