@@ -6,6 +6,10 @@ its async fixtures, on a fresh event loop chosen by :func:`anyio_backend`,
 and fails the test for an exception that reached the loop's exception
 handler (a callback that raised, a task whose error nobody retrieved).
 
+A test that needs a real execd takes the :func:`execd` fixture (a
+subprocess, its arguments from an ``execd_args`` mark, always torn down) and,
+to talk to it, :func:`client`.
+
 By default every async test runs twice, on uvloop (what execd and the
 harnessd command line use) and on asyncio's own loop (what a library user
 may bring): code that runs in the test's process must work on both. Tests
@@ -19,23 +23,36 @@ import asyncio
 import inspect
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+import harnessd
+from harnessd.api import ExecdClient
+from tests.support.daemon import RunningExecd, start_execd
 
 T = TypeVar("T")
 
 UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
 ASYNCIO = pytest.param(("asyncio", {}), id="asyncio")
 
-one_loop = pytest.mark.parametrize("anyio_backend", [ASYNCIO])
-"""Run a test (or, as ``pytestmark``, a module) on asyncio's own loop only."""
+one_loop = pytest.mark.one_loop
+"""Run a test (or, as ``pytestmark``, a module's async tests) on asyncio's own loop only."""
 
 
-@pytest.fixture(params=[UVLOOP, ASYNCIO])
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give every async test its loops: uvloop, then asyncio's own (only that with one_loop)."""
+    if "anyio_backend" in metafunc.fixturenames:
+        once = metafunc.definition.get_closest_marker("one_loop") is not None
+        metafunc.parametrize("anyio_backend", [ASYNCIO] if once else [UVLOOP, ASYNCIO])
+
+
+@pytest.fixture
 def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """The event loop an async test runs on: uvloop, then asyncio's own."""
+    """The event loop an async test runs on (each test is parametrized with its loops)."""
     return request.param
 
 
@@ -43,6 +60,24 @@ def anyio_backend(request: pytest.FixtureRequest) -> object:
 def marker_tag() -> str:
     """A fresh marker for the processes one test starts."""
     return secrets.token_hex(8)
+
+
+@pytest.fixture
+def execd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningExecd]:
+    """A real execd for the test, started with the arguments of its ``execd_args`` mark."""
+    mark = request.node.get_closest_marker("execd_args")
+    with start_execd(tmp_path, *(mark.args if mark is not None else ())) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(execd: RunningExecd) -> AsyncIterator[ExecdClient]:
+    """A client connected to :func:`execd`, closed after the test."""
+    connected = await harnessd.connect(execd.host, execd.port, execd.token)
+    try:
+        yield connected
+    finally:
+        await connected.close()
 
 
 async def eventually(
