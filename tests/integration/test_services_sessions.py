@@ -7,49 +7,19 @@ import contextlib
 import socket
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-import harnessd
 from execd.marker import find_marked
 from harnessd import ExecdClient, errors
 from protocol.api.services import CommandProbe, RestartPolicy, TcpProbe
 from protocol.errors import ErrorCode
-from tests.support.daemon import RunningExecd, start_execd
+from tests.conftest import eventually, one_loop
+from tests.support.daemon import RunningExecd
+from tests.support.procs import children
 
-
-@pytest.fixture
-def execd(tmp_path: Path) -> Iterator[RunningExecd]:
-    with start_execd(tmp_path) as daemon:
-        yield daemon
-
-
-@contextlib.asynccontextmanager
-async def connected(daemon: RunningExecd) -> AsyncIterator[ExecdClient]:
-    """A client of ``daemon``, closed on exit."""
-    client = await harnessd.connect(daemon.host, daemon.port, daemon.token)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-def has_child(parent: int, name: str) -> bool:
-    """Whether a live child of ``parent`` runs the program ``name``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if comm == name.encode() and int(fields[1]) == parent and fields[0] != b"Z":
-            return True
-    return False
+pytestmark = [pytest.mark.anyio, one_loop]
 
 
 def free_port() -> int:
@@ -59,130 +29,115 @@ def free_port() -> int:
     return port
 
 
-def test_services_over_the_wire(execd: RunningExecd, tmp_path: Path) -> None:
-    async def main() -> None:
-        async with connected(execd) as client:
-            info = await client.server_info()
-            for method in ("services.start", "services.logs", "sessions.open", "sessions.run"):
-                assert method in info.methods
+async def test_services_over_the_wire(
+    execd: RunningExecd, client: ExecdClient, tmp_path: Path
+) -> None:
+    info = await client.server_info()
+    for method in ("services.start", "services.logs", "sessions.open", "sessions.run"):
+        assert method in info.methods
 
-            (tmp_path / "hello.txt").write_text("hello over http\n")
-            port = free_port()
-            argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
-            web = await client.start_service(
-                "web", argv, cwd=str(tmp_path), probe=TcpProbe(port=port, timeout=20)
-            )
-            assert web.state == "running" and web.ready
-            assert web.log_path == str(execd.state_dir / "services" / "web.log")
-            url = f"http://127.0.0.1:{port}/hello.txt"
-            body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
-            assert body == b"hello over http\n"
+    (tmp_path / "hello.txt").write_text("hello over http\n")
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    web = await client.start_service(
+        "web", argv, cwd=str(tmp_path), probe=TcpProbe(port=port, timeout=20)
+    )
+    assert web.state == "running" and web.ready
+    assert web.log_path == str(execd.state_dir / "services" / "web.log")
+    url = f"http://127.0.0.1:{port}/hello.txt"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+    assert body == b"hello over http\n"
 
-            with pytest.raises(errors.ServiceError) as caught:
-                await client.start_service(
-                    "broken",
-                    command="echo cannot bind >&2; exit 2",
-                    probe=CommandProbe(command="exit 1", timeout=20),
-                )
-            assert caught.value.code == ErrorCode.SERVICE_FAILED
-            assert caught.value.data["exit_code"] == 2
-            assert "cannot bind" in caught.value.data["log_tail"]
+    with pytest.raises(errors.ServiceError) as caught:
+        await client.start_service(
+            "broken",
+            command="echo cannot bind >&2; exit 2",
+            probe=CommandProbe(command="exit 1", timeout=20),
+        )
+    assert caught.value.code == ErrorCode.SERVICE_FAILED
+    assert caught.value.data["exit_code"] == 2
+    assert "cannot bind" in caught.value.data["log_tail"]
 
-            go = tmp_path / "go"
-            ticker = f"echo first; while [ ! -e {go} ]; do sleep 0.02; done; for i in 1 2 3; do echo tick $i; sleep 0.05; done; exit 1"
-            policy = RestartPolicy(policy="on-failure", max_restarts=1, backoff_initial=0.05)
-            await client.start_service("ticker", command=ticker, restart=policy)
-            received = b""
-            async with contextlib.aclosing(
-                client.follow_service_logs("ticker", offset=0)
-            ) as chunks:
-                async for chunk in chunks:
-                    received += chunk
-                    if received == b"first\n":
-                        go.touch()
-            one_run = b"first\n" + b"tick 1\ntick 2\ntick 3\n"
-            assert received == one_run * 2  # the run and its one restart, then the end
-            status = await client.service_status("ticker")
-            assert status.state == "exited" and status.restarts == 1 and status.exit_code == 1
-            tail = await client.service_logs("ticker", lines=2)
-            assert tail.data == b"tick 2\ntick 3\n"
+    go = tmp_path / "go"
+    ticker = f"echo first; while [ ! -e {go} ]; do sleep 0.02; done; for i in 1 2 3; do echo tick $i; sleep 0.05; done; exit 1"
+    policy = RestartPolicy(policy="on-failure", max_restarts=1, backoff_initial=0.05)
+    await client.start_service("ticker", command=ticker, restart=policy)
+    received = b""
+    async with contextlib.aclosing(client.follow_service_logs("ticker", offset=0)) as chunks:
+        async for chunk in chunks:
+            received += chunk
+            if received == b"first\n":
+                go.touch()
+    one_run = b"first\n" + b"tick 1\ntick 2\ntick 3\n"
+    assert received == one_run * 2  # the run and its one restart, then the end
+    status = await client.service_status("ticker")
+    assert status.state == "exited" and status.restarts == 1 and status.exit_code == 1
+    tail = await client.service_logs("ticker", lines=2)
+    assert tail.data == b"tick 2\ntick 3\n"
 
-            names = [s.name for s in (await client.list_services()).services]
-            assert names == ["web", "broken", "ticker"]
-            stopped = await client.stop_service("web", grace=5)
-            assert stopped.state == "stopped"
-            with pytest.raises(errors.NoSuchService):
-                await client.service_status("nothing")
-
-    asyncio.run(main())
+    names = [s.name for s in (await client.list_services()).services]
+    assert names == ["web", "broken", "ticker"]
+    stopped = await client.stop_service("web", grace=5)
+    assert stopped.state == "stopped"
+    with pytest.raises(errors.NoSuchService):
+        await client.service_status("nothing")
 
 
-def test_sessions_over_the_wire(execd: RunningExecd, tmp_path: Path) -> None:
-    async def main() -> None:
-        async with connected(execd) as client:
-            opened = await client.open_session("dev", cwd=str(tmp_path), env={"MODE": "test"})
-            assert opened.state == "idle" and opened.cwd == str(tmp_path)
-            await client.session_run("dev", "mkdir -p build && cd build && export OUT=$PWD")
-            result = await client.session_run(
-                "dev", 'printf \'%s 0\\n\' "$__execd_id"; echo "$OUT $MODE"; exit_now=1; false'
-            )
-            assert result.exit_code == 1
-            assert result.stdout.endswith(f"{tmp_path}/build test\n".encode())
-            assert result.cwd == str(tmp_path / "build")
-            fed = await client.session_run("dev", "tr a-z A-Z", stdin=b"shout\n")
-            assert fed.stdout == b"SHOUT\n"
+async def test_sessions_over_the_wire(
+    execd: RunningExecd, client: ExecdClient, tmp_path: Path
+) -> None:
+    opened = await client.open_session("dev", cwd=str(tmp_path), env={"MODE": "test"})
+    assert opened.state == "idle" and opened.cwd == str(tmp_path)
+    await client.session_run("dev", "mkdir -p build && cd build && export OUT=$PWD")
+    result = await client.session_run(
+        "dev", 'printf \'%s 0\\n\' "$__execd_id"; echo "$OUT $MODE"; exit_now=1; false'
+    )
+    assert result.exit_code == 1
+    assert result.stdout.endswith(f"{tmp_path}/build test\n".encode())
+    assert result.cwd == str(tmp_path / "build")
+    fed = await client.session_run("dev", "tr a-z A-Z", stdin=b"shout\n")
+    assert fed.stdout == b"SHOUT\n"
 
-            running = asyncio.ensure_future(client.session_run("dev", "sleep 100"))
-            for _ in range(500):
-                if has_child(opened.pid, "sleep"):
-                    break
-                await asyncio.sleep(0.02)
-            with pytest.raises(errors.SessionBusy):
-                await client.session_run("dev", "true")
-            assert (await client.interrupt_session("dev")).sent
-            interrupted = await asyncio.wait_for(running, 10)
-            assert interrupted.exit_code == 130 and interrupted.interrupted
-            assert (await client.session_run("dev", "pwd")).stdout == f"{tmp_path}/build\n".encode()
+    running = asyncio.ensure_future(client.session_run("dev", "sleep 100"))
+    await eventually(lambda: children(opened.pid, "sleep"), what="the command running")
+    with pytest.raises(errors.SessionBusy):
+        await client.session_run("dev", "true")
+    assert (await client.interrupt_session("dev")).sent
+    interrupted = await asyncio.wait_for(running, 10)
+    assert interrupted.exit_code == 130 and interrupted.interrupted
+    assert (await client.session_run("dev", "pwd")).stdout == f"{tmp_path}/build\n".encode()
 
-            timed = await client.session_run("dev", "sleep 100", timeout=0.3)
-            assert timed.timed_out and timed.exit_code == 130
+    timed = await client.session_run("dev", "sleep 100", timeout=0.3)
+    assert timed.timed_out and timed.exit_code == 130
 
-            background = await client.session_run("dev", "sleep 300 & echo $!")
-            job = int(background.stdout)
-            ended = await client.session_run("dev", "exit 3")
-            assert ended.session_ended and ended.exit_code == 3
-            with pytest.raises(errors.RemoteError) as dead:
-                await client.session_run("dev", "true")
-            assert dead.value.code == ErrorCode.SESSION_DEAD
-            listed = await client.list_sessions()
-            assert [(s.name, s.state) for s in listed.sessions] == [("dev", "dead")]
-            closed = await client.close_session_shell("dev")
-            assert closed.remaining == []
-            assert (
-                not Path(f"/proc/{job}").exists()
-                or b"Z" in Path(f"/proc/{job}/stat").read_bytes().split(b")")[-1][:3]
-            )
-            with pytest.raises(errors.NoSuchSession):
-                await client.close_session_shell("dev")
-
-    asyncio.run(main())
+    background = await client.session_run("dev", "sleep 300 & echo $!")
+    job = int(background.stdout)
+    ended = await client.session_run("dev", "exit 3")
+    assert ended.session_ended and ended.exit_code == 3
+    with pytest.raises(errors.RemoteError) as dead:
+        await client.session_run("dev", "true")
+    assert dead.value.code == ErrorCode.SESSION_DEAD
+    listed = await client.list_sessions()
+    assert [(s.name, s.state) for s in listed.sessions] == [("dev", "dead")]
+    closed = await client.close_session_shell("dev")
+    assert closed.remaining == []
+    assert (
+        not Path(f"/proc/{job}").exists()
+        or b"Z" in Path(f"/proc/{job}/stat").read_bytes().split(b")")[-1][:3]
+    )
+    with pytest.raises(errors.NoSuchSession):
+        await client.close_session_shell("dev")
 
 
-def test_session_close_kills_services_and_shells(execd: RunningExecd) -> None:
-    async def main() -> None:
-        async with connected(execd) as client:
-            await client.start_service("svc", command="sleep 300 & setsid sleep 300 & wait")
-            await client.open_session("sh")
-            await client.session_run("sh", "sleep 300 & setsid sleep 300 &")
-            for _ in range(500):
-                if len(find_marked("EXECD_MARKER", execd.marker)) >= 6:
-                    break
-                await asyncio.sleep(0.02)
-            assert len(find_marked("EXECD_MARKER", execd.marker)) >= 6
-            report = await client.close_session(shutdown=False)
-            assert report.remaining == []
-            assert find_marked("EXECD_MARKER", execd.marker) == []
-            assert (await client.list_services()).services == []
-            assert (await client.list_sessions()).sessions == []
-
-    asyncio.run(main())
+async def test_session_close_kills_services_and_shells(
+    execd: RunningExecd, client: ExecdClient
+) -> None:
+    await client.start_service("svc", command="sleep 300 & setsid sleep 300 & wait")
+    await client.open_session("sh")
+    await client.session_run("sh", "sleep 300 & setsid sleep 300 &")
+    await eventually(lambda: len(find_marked("EXECD_MARKER", execd.marker)) >= 6)
+    report = await client.close_session(shutdown=False)
+    assert report.remaining == []
+    assert find_marked("EXECD_MARKER", execd.marker) == []
+    assert (await client.list_services()).services == []
+    assert (await client.list_sessions()).sessions == []

@@ -18,6 +18,23 @@ def state(pid: int) -> str | None:
     return raw[raw.rfind(b")") + 2 :].split()[0].decode()
 
 
+def children(parent: int, name: str) -> list[int]:
+    """Live children of ``parent`` that run the program ``name``."""
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if comm == name.encode() and int(fields[1]) == parent and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry.name))
+    return found
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (or dead)."""
     return state(pid) not in (None, "Z", "X")

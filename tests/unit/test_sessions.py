@@ -24,7 +24,7 @@ from protocol.api import sessions as api
 from tests.conftest import eventually
 from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
-from tests.support.procs import alive
+from tests.support.procs import alive, children
 
 pytestmark = pytest.mark.anyio
 
@@ -34,23 +34,6 @@ def _no_session_directory(cap: SessionsCapability, state: Path) -> None:
 
 
 cap = capability_fixture(SessionsCapability, after=_no_session_directory, kill_grace=0.5)
-
-
-def children(parent: int, name: str) -> list[int]:
-    """Live children of ``parent`` that run the program ``name``."""
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_bytes()
-        except OSError:
-            continue
-        comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if comm == name.encode() and int(fields[1]) == parent and fields[0] != b"Z":
-            found.append(int(entry.name))
-    return found
 
 
 async def open_session(cap: SessionsCapability, name: str = "s", **kw: Any) -> api.SessionInfo:
