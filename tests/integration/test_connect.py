@@ -11,11 +11,14 @@ import pytest
 
 import harnessd
 from protocol.handshake import MAX_TOKEN_BYTES, token_bytes
+from tests.conftest import one_loop
 from tests.support.daemon import RunningExecd, start_execd
 
 # execd reads this file: the token between blank lines and stray spaces, as an
 # editor or `echo` might leave it.
 PADDED = "\n  {token}\t\r\n"
+
+pytestmark = [pytest.mark.anyio, one_loop]
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +27,15 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecd]:
         yield running
 
 
-def test_token_is_stripped_as_execd_strips_it(daemon: RunningExecd) -> None:
+async def test_token_is_stripped_as_execd_strips_it(daemon: RunningExecd) -> None:
     as_written = PADDED.format(token=daemon.token)
-
-    async def main() -> None:
-        for token in (daemon.token, as_written, as_written.encode(), f" {daemon.token}\n"):
-            async with harnessd.connect(daemon.host, daemon.port, token) as client:
-                await client.noop()
-        # Only the ends are stripped: whitespace inside is part of the token.
-        inner = daemon.token[:8] + " " + daemon.token[8:]
-        with pytest.raises(harnessd.AuthenticationFailed):
-            await harnessd.connect(daemon.host, daemon.port, inner)
-
-    asyncio.run(main())
+    for token in (daemon.token, as_written, as_written.encode(), f" {daemon.token}\n"):
+        async with harnessd.connect(daemon.host, daemon.port, token) as client:
+            await client.noop()
+    # Only the ends are stripped: whitespace inside is part of the token.
+    inner = daemon.token[:8] + " " + daemon.token[8:]
+    with pytest.raises(harnessd.AuthenticationFailed):
+        await harnessd.connect(daemon.host, daemon.port, inner)
 
 
 def test_token_bytes_rule() -> None:
@@ -55,28 +54,25 @@ def test_empty_token_is_refused_before_connecting() -> None:
         harnessd.connect("127.0.0.1", 1, " \n")
 
 
-def test_async_with_connect_closes_on_exit(daemon: RunningExecd) -> None:
-    async def main() -> None:
-        opening = harnessd.connect(daemon.host, daemon.port, daemon.token)
-        async with opening as client:
-            assert not client.closed
-            assert await client.echo(b"hi") == b"hi"
-        assert client.closed
-        with pytest.raises(harnessd.ConnectionLost):
-            await client.noop()
-        # Awaiting leaves closing to the caller.
-        other = await harnessd.connect(daemon.host, daemon.port, daemon.token)
-        try:
-            await other.noop()
-        finally:
-            await other.close()
-        # An exception in the block still closes the connection.
-        with pytest.raises(KeyError):
-            async with harnessd.connect(daemon.host, daemon.port, daemon.token) as failing:
-                raise KeyError("boom")
-        assert failing.closed
-
-    asyncio.run(main())
+async def test_async_with_connect_closes_on_exit(daemon: RunningExecd) -> None:
+    opening = harnessd.connect(daemon.host, daemon.port, daemon.token)
+    async with opening as client:
+        assert not client.closed
+        assert await client.echo(b"hi") == b"hi"
+    assert client.closed
+    with pytest.raises(harnessd.ConnectionLost):
+        await client.noop()
+    # Awaiting leaves closing to the caller.
+    other = await harnessd.connect(daemon.host, daemon.port, daemon.token)
+    try:
+        await other.noop()
+    finally:
+        await other.close()
+    # An exception in the block still closes the connection.
+    with pytest.raises(KeyError):
+        async with harnessd.connect(daemon.host, daemon.port, daemon.token) as failing:
+            raise KeyError("boom")
+    assert failing.closed
 
 
 def test_upload_of_what_is_not_a_file_is_a_typed_error(

@@ -83,9 +83,7 @@ async def test_services_over_the_wire(
         await client.service_status("nothing")
 
 
-async def test_sessions_over_the_wire(
-    execd: RunningExecd, client: ExecdClient, tmp_path: Path
-) -> None:
+async def test_sessions_over_the_wire(client: ExecdClient, tmp_path: Path) -> None:
     opened = await client.open_session("dev", cwd=str(tmp_path), env={"MODE": "test"})
     assert opened.state == "idle" and opened.cwd == str(tmp_path)
     await client.session_run("dev", "mkdir -p build && cd build && export OUT=$PWD")

@@ -41,7 +41,7 @@ async def test_one_gib_of_output_streams_with_bounded_memory(
     assert peak < 150 * 1024, f"execd RSS peaked at {peak} KiB"
 
 
-async def test_hundred_concurrent_commands(execd: RunningExecd, client: ExecdClient) -> None:
+async def test_hundred_concurrent_commands(client: ExecdClient) -> None:
     results = await asyncio.gather(
         *(client.run(command=f"echo {i}; sleep 0.2") for i in range(100))
     )
@@ -49,9 +49,7 @@ async def test_hundred_concurrent_commands(execd: RunningExecd, client: ExecdCli
     assert all(r.exit_code == 0 for r in results)
 
 
-async def test_timeout_kills_grandchildren(
-    execd: RunningExecd, tmp_path: Path, client: ExecdClient
-) -> None:
+async def test_timeout_kills_grandchildren(tmp_path: Path, client: ExecdClient) -> None:
     pidfile = tmp_path / "grandchild.pid"
     result = await client.run(command=f"sh -c 'sleep 300 & echo $! > {pidfile}; wait'", timeout=1.0)
     assert result.timed_out
