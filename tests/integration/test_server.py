@@ -10,44 +10,33 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 
 import harnessd
-from harnessd import errors
+from harnessd import ExecdClient, errors
 from protocol.codec import ENCODER
 from protocol.messages import Hello
+from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.procs import alive
+
+pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.execd_args("--handshake-timeout", "1.5")]
 
 
-@pytest.fixture
-def execd(tmp_path: Path) -> Iterator[RunningExecd]:
-    with start_execd(tmp_path, "--handshake-timeout", "1.5") as daemon:
-        yield daemon
-
-
-def arun(main: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(main())
-
-
-def test_announces_listening_line_and_serves(execd: RunningExecd) -> None:
+async def test_announces_listening_line_and_serves(
+    execd: RunningExecd, client: ExecdClient
+) -> None:
     assert execd.host == "127.0.0.1"
     assert execd.port > 0
-
-    async def main() -> None:
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            await client.noop()
-            assert await client.echo(b"\x00abc") == b"\x00abc"
-            info = await client.server_info()
-            assert info.pid == execd.pid
-            assert info.marker == execd.marker
-            assert "shell.run" in info.methods
-
-    arun(main)
+    await client.noop()
+    assert await client.echo(b"\x00abc") == b"\x00abc"
+    info = await client.server_info()
+    assert info.pid == execd.pid
+    assert info.marker == execd.marker
+    assert "shell.run" in info.methods
 
 
 def test_refuses_to_start_without_token(tmp_path: Path) -> None:
@@ -63,7 +52,7 @@ def test_refuses_to_start_without_token(tmp_path: Path) -> None:
     assert b"token" in proc.stderr
 
 
-def test_token_from_environment_is_scrubbed_and_file_removed(tmp_path: Path) -> None:
+async def test_token_from_environment_is_scrubbed_and_file_removed(tmp_path: Path) -> None:
     env = dict(os.environ, EXECD_TOKEN="s3cret-token-value-0123456789")
     proc = subprocess.Popen(
         [sys.executable, "-m", "execd", "--state-dir", str(tmp_path / "st")],
@@ -75,16 +64,12 @@ def test_token_from_environment_is_scrubbed_and_file_removed(tmp_path: Path) -> 
         assert proc.stdout is not None
         line = json.loads(proc.stdout.readline())
         assert line["event"] == "listening"
-
-        async def main() -> None:
-            client = await harnessd.connect("127.0.0.1", line["port"], env["EXECD_TOKEN"])
-            result = await client.run(["env"])
-            assert b"EXECD_TOKEN" not in result.stdout
-            assert b"s3cret" not in result.stdout
-            assert f"EXECD_MARKER={line['marker']}".encode() in result.stdout
-            await client.close()
-
-        arun(main)
+        client = await harnessd.connect("127.0.0.1", line["port"], env["EXECD_TOKEN"])
+        result = await client.run(["env"])
+        assert b"EXECD_TOKEN" not in result.stdout
+        assert b"s3cret" not in result.stdout
+        assert f"EXECD_MARKER={line['marker']}".encode() in result.stdout
+        await client.close()
     finally:
         proc.terminate()
         proc.wait(timeout=15)
@@ -98,53 +83,41 @@ def test_token_file_is_removed_after_reading(execd: RunningExecd, tmp_path: Path
     assert not list(tmp_path.glob("token-*"))
 
 
-def test_wrong_token_is_rejected_and_daemon_keeps_serving(execd: RunningExecd) -> None:
-    async def main() -> None:
-        with pytest.raises(errors.AuthenticationFailed):
-            await harnessd.connect(execd.host, execd.port, "not-the-token")
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            await client.noop()
-
-    arun(main)
+async def test_wrong_token_is_rejected_and_daemon_keeps_serving(execd: RunningExecd) -> None:
+    with pytest.raises(errors.AuthenticationFailed):
+        await harnessd.connect(execd.host, execd.port, "not-the-token")
+    async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
+        await client.noop()
 
 
-def test_encrypted_session_works(execd: RunningExecd) -> None:
-    async def main() -> None:
-        for cipher in (True, "chacha20-poly1305", "aes-256-gcm"):
-            async with await harnessd.connect(
-                execd.host, execd.port, execd.token, encrypt=cipher
-            ) as client:
-                assert client.cipher != "none"
-                assert await client.echo(b"x" * 100_000) == b"x" * 100_000
-
-    arun(main)
+async def test_encrypted_session_works(execd: RunningExecd) -> None:
+    for cipher in (True, "chacha20-poly1305", "aes-256-gcm"):
+        async with await harnessd.connect(
+            execd.host, execd.port, execd.token, encrypt=cipher
+        ) as client:
+            assert client.cipher != "none"
+            assert await client.echo(b"x" * 100_000) == b"x" * 100_000
 
 
-def test_unknown_method_and_bad_params_are_typed_errors(execd: RunningExecd) -> None:
-    async def main() -> None:
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            with pytest.raises(errors.UnknownMethod):
-                await client.call("no.such.method")
-            with pytest.raises(errors.InvalidParams):
-                await client.call("server.echo", {"data": 12})
-            with pytest.raises(errors.InvalidParams):
-                await client.call("shell.run", {"argv": "not-a-list"})
-            await client.noop()
-
-    arun(main)
+async def test_unknown_method_and_bad_params_are_typed_errors(client: ExecdClient) -> None:
+    with pytest.raises(errors.UnknownMethod):
+        await client.call("no.such.method")
+    with pytest.raises(errors.InvalidParams):
+        await client.call("server.echo", {"data": 12})
+    with pytest.raises(errors.InvalidParams):
+        await client.call("shell.run", {"argv": "not-a-list"})
+    await client.noop()
 
 
-def test_cancelling_a_call_cancels_it_in_execd(execd: RunningExecd) -> None:
-    async def main() -> None:
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            handle = client.start("shell.run", {"argv": ["sleep", "30"]})
-            await asyncio.sleep(0.3)
-            handle.cancel()
-            with pytest.raises(errors.Cancelled):
-                await handle.result()
-            await client.noop()
-
-    arun(main)
+async def test_cancelling_a_call_cancels_it_in_execd(client: ExecdClient, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    handle = client.start("shell.run", {"command": f"echo $$ > {pidfile}; exec sleep 30"})
+    pid = int(await eventually(lambda: pidfile.exists() and pidfile.read_text().strip()))
+    handle.cancel()
+    with pytest.raises(errors.Cancelled):
+        await handle.result()
+    await eventually(lambda: not alive(pid), what="the cancelled command's end")
+    await client.noop()
 
 
 def test_handshake_deadline_closes_silent_connections(execd: RunningExecd) -> None:
@@ -156,7 +129,9 @@ def test_handshake_deadline_closes_silent_connections(execd: RunningExecd) -> No
         assert time.monotonic() - start < 8
 
 
-def test_oversized_preauth_frame_closes_only_that_connection(execd: RunningExecd) -> None:
+async def test_oversized_preauth_frame_closes_only_that_connection(
+    execd: RunningExecd, client: ExecdClient
+) -> None:
     with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
         sock.sendall(struct.pack(">I", 0xFFFFFFFF))
         reply = b""
@@ -166,12 +141,7 @@ def test_oversized_preauth_frame_closes_only_that_connection(execd: RunningExecd
         abort = msgspec.msgpack.decode(reply[4 : 4 + length])
         assert abort["t"] == "abort"
         assert abort["code"] == 2
-
-    async def main() -> None:
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            await client.noop()
-
-    arun(main)
+    await client.noop()
 
 
 def test_malformed_hello_gets_typed_abort(execd: RunningExecd) -> None:
@@ -196,26 +166,19 @@ def test_malformed_hello_gets_typed_abort(execd: RunningExecd) -> None:
             assert abort["code"] == code
 
 
-def test_many_calls_in_flight_on_one_connection(execd: RunningExecd) -> None:
-    async def main() -> None:
-        async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
-            payloads = [os.urandom(n % 300) for n in range(500)]
-            results = await asyncio.gather(*(client.echo(p) for p in payloads))
-            assert results == payloads
-
-    arun(main)
+async def test_many_calls_in_flight_on_one_connection(client: ExecdClient) -> None:
+    payloads = [os.urandom(n % 300) for n in range(500)]
+    results = await asyncio.gather(*(client.echo(p) for p in payloads))
+    assert results == payloads
 
 
-def test_session_close_shuts_execd_down(execd: RunningExecd) -> None:
-    async def main() -> None:
-        client = await harnessd.connect(execd.host, execd.port, execd.token)
-        await client.run(["sh", "-c", "sleep 300 & echo started"])
-        report = await client.close_session()
-        assert report.remaining == []
-        await client.close()
-
-    arun(main)
-    assert execd.proc.wait(timeout=15) == 0
+async def test_session_close_shuts_execd_down(execd: RunningExecd) -> None:
+    client = await harnessd.connect(execd.host, execd.port, execd.token)
+    await client.run(["sh", "-c", "sleep 300 & echo started"])
+    report = await client.close_session()
+    assert report.remaining == []
+    await client.close()
+    assert await asyncio.to_thread(execd.proc.wait, 15) == 0
 
 
 def test_lease_expires_without_connections(tmp_path: Path) -> None:
