@@ -9,7 +9,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,10 @@ from harnessd import launcher
 from harnessd.errors import ConnectionLost, LaunchFailed, ProtocolViolation
 from harnessd.launcher import Session, serve
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime, WorkspaceError
+from tests.conftest import eventually, one_loop
 from tests.support.procs import alive
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(60)]
 
 MARKER_VAR = "EXECD_MARKER"
 
@@ -33,10 +34,6 @@ ESCAPEES = (
     "nohup sleep 302 </dev/null >/dev/null 2>&1 & "
     "sh -c 'sleep 303 </dev/null >/dev/null 2>&1 &'"
 )
-
-
-def arun(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    return asyncio.run(main())
 
 
 @pytest.fixture
@@ -81,80 +78,73 @@ def _escapees(marker: str) -> list[int]:
 async def _start_escapees(session: Session) -> list[int]:
     result = await session.client.run(command=ESCAPEES, timeout=30)
     assert result.exit_code == 0, result
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def three() -> list[int]:
         found = _escapees(session.marker)
-        if len(found) >= 3:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"escapees did not appear: {find_marked(MARKER_VAR, session.marker)}")
+        return found if len(found) >= 3 else []
+
+    return await eventually(three, what="three escapees")
 
 
 # -- serve and close ---------------------------------------------------------------
 
 
-def test_serve_run_close_leaves_nothing(tmp_path: Path) -> None:
-    async def main() -> None:
-        session = await serve(extra_args=("--state-dir", str(tmp_path / "state")))
-        try:
-            assert session.workdir.startswith("/tmp/execd-")
-            assert stat.S_IMODE(os.stat(session.workdir).st_mode) == 0o700
-            assert len(session.marker) == 32
-            result = await session.client.run(["sh", "-c", 'echo "hi $EXECD_MARKER"'])
-            assert result.exit_code == 0
-            assert result.stdout == f"hi {session.marker}\n".encode()
-            info = await session.client.server_info()
-            assert info.pid == session.pid
-            assert info.marker == session.marker
-            detached = await session.client.run_detached(["sleep", "300"])
-            assert detached.pid in find_marked(MARKER_VAR, session.marker)
-            assert os.listdir(session.workdir) == [os.path.basename(session.log_path)]
-        finally:
-            first = await session.close()
-        assert first.clean
-        assert first.remaining == ()
-        assert not first.fallback_ran
-        assert first.rpc_error is None
-        assert not alive(detached.pid)
-        assert first.worker_exited
-        assert first.exit_code == 0
-        assert find_marked(MARKER_VAR, session.marker) == []
-        assert await session.close() is first
-        assert session.closed
-        assert os.path.exists(session.log_path)
-        shutil.rmtree(session.workdir)
-        # execd may say goodbye (an Abort) before the client closes its side.
-        with pytest.raises((ConnectionLost, ProtocolViolation)):
-            await session.client.noop()
-        with pytest.raises(ConnectionLost):
-            await session.reconnect()
-
-    arun(main)
+async def test_serve_run_close_leaves_nothing(tmp_path: Path) -> None:
+    session = await serve(extra_args=("--state-dir", str(tmp_path / "state")))
+    try:
+        assert session.workdir.startswith("/tmp/execd-")
+        assert stat.S_IMODE(os.stat(session.workdir).st_mode) == 0o700
+        assert len(session.marker) == 32
+        result = await session.client.run(["sh", "-c", 'echo "hi $EXECD_MARKER"'])
+        assert result.exit_code == 0
+        assert result.stdout == f"hi {session.marker}\n".encode()
+        info = await session.client.server_info()
+        assert info.pid == session.pid
+        assert info.marker == session.marker
+        detached = await session.client.run_detached(["sleep", "300"])
+        assert detached.pid in find_marked(MARKER_VAR, session.marker)
+        assert os.listdir(session.workdir) == [os.path.basename(session.log_path)]
+    finally:
+        first = await session.close()
+    assert first.clean
+    assert first.remaining == ()
+    assert not first.fallback_ran
+    assert first.rpc_error is None
+    assert not alive(detached.pid)
+    assert first.worker_exited
+    assert first.exit_code == 0
+    assert find_marked(MARKER_VAR, session.marker) == []
+    assert await session.close() is first
+    assert session.closed
+    assert os.path.exists(session.log_path)
+    shutil.rmtree(session.workdir)
+    # execd may say goodbye (an Abort) before the client closes its side.
+    with pytest.raises((ConnectionLost, ProtocolViolation)):
+        await session.client.noop()
+    with pytest.raises(ConnectionLost):
+        await session.reconnect()
 
 
-def test_async_with_and_log_removal(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with serve(extra_args=("--state-dir", str(tmp_path / "state"))) as session:
-            await session.client.noop()
-            workdir = session.workdir
-        assert session.closed
-        assert (await session.close()).clean
-        assert os.listdir(workdir) == [os.path.basename(session.log_path)]
-        shutil.rmtree(workdir)
+async def test_async_with_and_log_removal(tmp_path: Path) -> None:
+    async with serve(extra_args=("--state-dir", str(tmp_path / "state"))) as session:
+        await session.client.noop()
+        workdir = session.workdir
+    assert session.closed
+    assert (await session.close()).clean
+    assert os.listdir(workdir) == [os.path.basename(session.log_path)]
+    shutil.rmtree(workdir)
 
-        session = await serve(extra_args=("--state-dir", str(tmp_path / "state")))
-        result = await session.close(keep_log=False)
-        assert result.clean and result.housekeeping_error is None
-        assert not os.path.exists(session.workdir)
+    session = await serve(extra_args=("--state-dir", str(tmp_path / "state")))
+    result = await session.close(keep_log=False)
+    assert result.clean and result.housekeeping_error is None
+    assert not os.path.exists(session.workdir)
 
-        given = tmp_path / "given"
-        async with serve(
-            workdir=str(given), extra_args=("--state-dir", str(tmp_path / "state"))
-        ) as session:
-            assert stat.S_IMODE(given.stat().st_mode) == 0o700
-        assert [p.name for p in given.iterdir()] == [os.path.basename(session.log_path)]
-
-    arun(main)
+    given = tmp_path / "given"
+    async with serve(
+        workdir=str(given), extra_args=("--state-dir", str(tmp_path / "state"))
+    ) as session:
+        assert stat.S_IMODE(given.stat().st_mode) == 0o700
+    assert [p.name for p in given.iterdir()] == [os.path.basename(session.log_path)]
 
 
 # Behaves like ssh: the arguments are joined with spaces and run by a shell.
@@ -171,24 +161,21 @@ REMOTE_SHELL = ["sh", "-c", 'exec /bin/sh -c "$*"', "sh"]
         ),
     ],
 )
-def test_prefix_runtime_wraps_every_command(runtime: Runtime, tmp_path: Path) -> None:
-    async def main() -> None:
-        async with serve(
-            runtime,
-            workdir=str(tmp_path / "work dir 'quoted'"),
-            extra_args=("--state-dir", str(tmp_path / "state")),
-        ) as session:
-            assert session.runtime is runtime
-            result = await session.client.run(["sh", "-c", 'printf %s "$FOO"'])
-            assert result.stdout == b"bar"
-            await _start_escapees(session)
-            os.kill(session.pid, signal.SIGKILL)
-        assert session.closed
-        closed = await session.close()
-        assert closed.fallback_ran and closed.clean
-        assert find_marked(MARKER_VAR, session.marker) == []
-
-    arun(main)
+async def test_prefix_runtime_wraps_every_command(runtime: Runtime, tmp_path: Path) -> None:
+    async with serve(
+        runtime,
+        workdir=str(tmp_path / "work dir 'quoted'"),
+        extra_args=("--state-dir", str(tmp_path / "state")),
+    ) as session:
+        assert session.runtime is runtime
+        result = await session.client.run(["sh", "-c", 'printf %s "$FOO"'])
+        assert result.stdout == b"bar"
+        await _start_escapees(session)
+        os.kill(session.pid, signal.SIGKILL)
+    assert session.closed
+    closed = await session.close()
+    assert closed.fallback_ran and closed.clean
+    assert find_marked(MARKER_VAR, session.marker) == []
 
 
 # -- the runtimes ------------------------------------------------------------------
@@ -204,104 +191,89 @@ RUNTIMES = [
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_runtime_operations(runtime: Runtime, tmp_path: Path) -> None:
+async def test_runtime_operations(runtime: Runtime, tmp_path: Path) -> None:
     odd = tmp_path / 'it\'s a "dir" $(x)'
     target = odd / "sub" / "secret; rm -rf ~"
+    await runtime.write_file(str(target), b"s3cret\n", make_parents=True)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(odd.stat().st_mode) == 0o700
+    assert target.read_bytes() == b"s3cret\n"
+    assert await runtime.read_file(str(target)) == b"s3cret\n"
+    with pytest.raises(WorkspaceError):
+        await runtime.read_file(str(target), max_bytes=3)
+    with pytest.raises(WorkspaceError):
+        await runtime.write_file(str(target), b"again")
+    assert target.read_bytes() == b"s3cret\n"
+    link = odd / "link"
+    link.symlink_to(odd / "elsewhere")
+    with pytest.raises(WorkspaceError):
+        await runtime.write_file(str(link), b"x")
+    assert not (odd / "elsewhere").exists()
+    public = odd / "public"
+    await runtime.write_file(str(public), b"", mode=0o644)
+    assert stat.S_IMODE(public.stat().st_mode) == 0o644
+    with pytest.raises(WorkspaceError):
+        await runtime.read_file(str(odd / "missing"))
 
-    async def main() -> None:
-        await runtime.write_file(str(target), b"s3cret\n", make_parents=True)
-        assert stat.S_IMODE(target.stat().st_mode) == 0o600
-        assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
-        assert stat.S_IMODE(odd.stat().st_mode) == 0o700
-        assert target.read_bytes() == b"s3cret\n"
-        assert await runtime.read_file(str(target)) == b"s3cret\n"
-        with pytest.raises(WorkspaceError):
-            await runtime.read_file(str(target), max_bytes=3)
-        with pytest.raises(WorkspaceError):
-            await runtime.write_file(str(target), b"again")
-        assert target.read_bytes() == b"s3cret\n"
-        link = odd / "link"
-        link.symlink_to(odd / "elsewhere")
-        with pytest.raises(WorkspaceError):
-            await runtime.write_file(str(link), b"x")
-        assert not (odd / "elsewhere").exists()
-        public = odd / "public"
-        await runtime.write_file(str(public), b"", mode=0o644)
-        assert stat.S_IMODE(public.stat().st_mode) == 0o644
-        with pytest.raises(WorkspaceError):
-            await runtime.read_file(str(odd / "missing"))
+    echoed = await runtime.run(["cat"], stdin=b"x" * 300_000)
+    assert echoed.exit_code == 0 and echoed.stdout == b"x" * 300_000
+    failed = await runtime.run(["sh", "-c", "echo oops >&2; exit 7"])
+    assert (failed.exit_code, failed.stderr) == (7, b"oops\n")
+    started = time.monotonic()
+    with pytest.raises(WorkspaceError, match="timed out"):
+        await runtime.run(["sleep", "30"], timeout=0.3)
+    assert time.monotonic() - started < 10
 
-        echoed = await runtime.run(["cat"], stdin=b"x" * 300_000)
-        assert echoed.exit_code == 0 and echoed.stdout == b"x" * 300_000
-        failed = await runtime.run(["sh", "-c", "echo oops >&2; exit 7"])
-        assert (failed.exit_code, failed.stderr) == (7, b"oops\n")
-        started = time.monotonic()
-        with pytest.raises(WorkspaceError, match="timed out"):
-            await runtime.run(["sleep", "30"], timeout=0.3)
-        assert time.monotonic() - started < 10
-
-        log = odd / "bg.log"
-        report = odd / "bg.report"
-        script = (
-            'echo "out $1"; echo err >&2; '
-            "sid=$(cut -d' ' -f6 /proc/$$/stat); "
-            'printf "%s %s" "$sid" "$(readlink /proc/$$/fd/0)" > "$0.tmp" && mv "$0.tmp" "$0"'
-        )
-        await runtime.start_background(["sh", "-c", script, str(report), "a b"], log_path=str(log))
-        deadline = time.monotonic() + 10
-        while not report.exists() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        sid, stdin = report.read_text().split()
-        assert int(sid) != os.getsid(0)
-        assert stdin == "/dev/null"
-        assert stat.S_IMODE(log.stat().st_mode) == 0o600
-        deadline = time.monotonic() + 10
-        while log.read_bytes().count(b"\n") < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert sorted(log.read_bytes().splitlines()) == [b"err", b"out a b"]
-
-    arun(main)
+    log = odd / "bg.log"
+    report = odd / "bg.report"
+    script = (
+        'echo "out $1"; echo err >&2; '
+        "sid=$(cut -d' ' -f6 /proc/$$/stat); "
+        'printf "%s %s" "$sid" "$(readlink /proc/$$/fd/0)" > "$0.tmp" && mv "$0.tmp" "$0"'
+    )
+    await runtime.start_background(["sh", "-c", script, str(report), "a b"], log_path=str(log))
+    await eventually(report.exists)
+    sid, stdin = report.read_text().split()
+    assert int(sid) != os.getsid(0)
+    assert stdin == "/dev/null"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    await eventually(lambda: log.read_bytes().count(b"\n") >= 2)
+    assert sorted(log.read_bytes().splitlines()) == [b"err", b"out a b"]
 
 
-def test_remove_workdir_refuses_dangerous_paths(tmp_path: Path) -> None:
-    async def main() -> None:
-        runtime = LocalRuntime()
-        for bad in ("/", "relative/dir", "/tmp/../", "//"):
-            with pytest.raises(ValueError):
-                await launcher.remove_workdir(runtime, bad)
-        victim = tmp_path / "w"
-        (victim / "deep").mkdir(parents=True)
-        (victim / "deep" / "f").write_text("x")
-        await launcher.remove_workdir(runtime, str(victim))
-        assert not victim.exists()
-
-    arun(main)
+async def test_remove_workdir_refuses_dangerous_paths(tmp_path: Path) -> None:
+    runtime = LocalRuntime()
+    for bad in ("/", "relative/dir", "/tmp/../", "//"):
+        with pytest.raises(ValueError):
+            await launcher.remove_workdir(runtime, bad)
+    victim = tmp_path / "w"
+    (victim / "deep").mkdir(parents=True)
+    (victim / "deep" / "f").write_text("x")
+    await launcher.remove_workdir(runtime, str(victim))
+    assert not victim.exists()
 
 
 # -- failed launches ---------------------------------------------------------------
 
 
-def test_crash_at_start_fails_fast_with_log_tail(tmp_path: Path, tokens: list[str]) -> None:
+async def test_crash_at_start_fails_fast_with_log_tail(tmp_path: Path, tokens: list[str]) -> None:
     crash = [
         sys.executable,
         "-c",
         "import sys; print('boom', file=sys.stderr); sys.exit(3)",
     ]
     workdir = tmp_path / "w"
-
-    async def main() -> None:
-        started = time.monotonic()
-        with pytest.raises(LaunchFailed) as caught:
-            await serve(execd_command=crash, workdir=str(workdir))
-        elapsed = time.monotonic() - started
-        assert elapsed < 10, elapsed
-        message = str(caught.value)
-        assert "boom" in message
-        assert "status 3" in message
-        assert tokens and tokens[0] not in message
-        assert [p.name for p in workdir.iterdir() if p.name.startswith("token")] == []
-
-    arun(main)
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed) as caught:
+        await serve(execd_command=crash, workdir=str(workdir))
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, elapsed
+    message = str(caught.value)
+    assert "boom" in message
+    assert "status 3" in message
+    assert tokens and tokens[0] not in message
+    assert [p.name for p in workdir.iterdir() if p.name.startswith("token")] == []
 
 
 FAKE_WORKER = """\
@@ -322,146 +294,131 @@ os._exit(5)
 
 
 @pytest.mark.parametrize("mode", ["loud", "silent"])
-def test_crash_right_after_announcing_fails(tmp_path: Path, mode: str) -> None:
+async def test_crash_right_after_announcing_fails(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER)
-
-    async def main() -> None:
-        started = time.monotonic()
-        with pytest.raises(LaunchFailed) as caught:
-            await serve(
-                execd_command=[sys.executable, str(script), mode], workdir=str(tmp_path / "w")
-            )
-        assert time.monotonic() - started < 10
-        if mode == "loud":
-            assert "fell over" in str(caught.value)
-
-    arun(main)
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed) as caught:
+        await serve(execd_command=[sys.executable, str(script), mode], workdir=str(tmp_path / "w"))
+    assert time.monotonic() - started < 10
+    if mode == "loud":
+        assert "fell over" in str(caught.value)
 
 
-def test_start_timeout_and_cancelled_launch_remove_the_token(tmp_path: Path) -> None:
+async def test_start_timeout_and_cancelled_launch_remove_the_token(tmp_path: Path) -> None:
     tag = f"hang-{os.getpid()}-{time.monotonic_ns()}"
-    hang = [sys.executable, "-c", "import time; time.sleep(60)", tag]
 
-    def kill_hangers() -> None:
-        for entry in os.listdir("/proc"):
-            if (
-                entry.isdigit()
-                and tag in _cmdline(int(entry))
-                and "sleep(60)" in _cmdline(int(entry))
-            ):
-                os.kill(int(entry), signal.SIGKILL)
+    def hang(launch: str) -> list[str]:
+        """A worker that never announces, tagged with ``launch``."""
+        return [sys.executable, "-c", "import time; time.sleep(60)", f"{tag}-{launch}"]
 
-    async def main() -> None:
+    def hangers(launch: str = "") -> list[int]:
+        return [
+            int(entry)
+            for entry in os.listdir("/proc")
+            if entry.isdigit()
+            and f"{tag}-{launch}" in _cmdline(int(entry))
+            and "sleep(60)" in _cmdline(int(entry))
+        ]
+
+    def tokens(workdir: Path) -> list[str]:
+        return [p.name for p in workdir.iterdir() if p.name.startswith("token")]
+
+    try:
         first = tmp_path / "a"
         with pytest.raises(LaunchFailed, match="did not announce"):
-            await serve(execd_command=hang, workdir=str(first), start_timeout=0.5)
-        assert [p.name for p in first.iterdir() if p.name.startswith("token")] == []
+            await serve(execd_command=hang("a"), workdir=str(first), start_timeout=0.5)
+        assert tokens(first) == []
 
         second = tmp_path / "b"
-        task = asyncio.ensure_future(serve(execd_command=hang, workdir=str(second)))
-        await asyncio.sleep(0.5)
+        task = asyncio.ensure_future(serve(execd_command=hang("b"), workdir=str(second)))
+        # Cancelled while it waits for the announcement: the token is out, the worker runs.
+        await eventually(lambda: hangers("b"), what="the worker running")
+        assert tokens(second) != []
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert [p.name for p in second.iterdir() if p.name.startswith("token")] == []
-
-    try:
-        arun(main)
+        assert tokens(second) == []
     finally:
-        kill_hangers()
+        for pid in hangers():
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- cleanup -----------------------------------------------------------------------
 
 
-def test_close_kills_every_escapee(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with serve(**private(tmp_path)) as session:
-            escapees = await _start_escapees(session)
-            result = await session.close()
-        assert result.clean and not result.fallback_ran
-        assert result.killed >= 3
-        assert find_marked(MARKER_VAR, session.marker) == []
-        assert not any(alive(pid) for pid in escapees)
-
-    arun(main)
-
-
-def test_cancelled_close_still_cleans_up(tmp_path: Path) -> None:
-    async def main() -> None:
-        session = await serve(**private(tmp_path))
-        await _start_escapees(session)
-        closing = asyncio.ensure_future(session.close())
-        await asyncio.sleep(0.01)
-        closing.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await closing
-        assert find_marked(MARKER_VAR, session.marker) == []
-        result = await session.close()
-        assert result.clean
-
-    arun(main)
-
-
-def test_fallback_cleanup_after_execd_is_killed(tmp_path: Path) -> None:
-    async def main() -> None:
-        session = await serve(**private(tmp_path))
+async def test_close_kills_every_escapee(tmp_path: Path) -> None:
+    async with serve(**private(tmp_path)) as session:
         escapees = await _start_escapees(session)
-        os.kill(session.pid, signal.SIGKILL)
         result = await session.close()
-        assert result.fallback_ran
-        assert result.rpc_error is not None
-        assert result.fallback_error is None
-        assert result.remaining == ()
-        assert result.clean
-        assert result.killed >= 3
-        assert result.worker_exited and result.exit_code == 128 + signal.SIGKILL
-        assert find_marked(MARKER_VAR, session.marker) == []
-        assert not any(alive(pid) for pid in escapees)
+    assert result.clean and not result.fallback_ran
+    assert result.killed >= 3
+    assert find_marked(MARKER_VAR, session.marker) == []
+    assert not any(alive(pid) for pid in escapees)
 
-    arun(main)
+
+async def test_cancelled_close_still_cleans_up(tmp_path: Path) -> None:
+    session = await serve(**private(tmp_path))
+    await _start_escapees(session)
+    closing = asyncio.ensure_future(session.close())
+    await asyncio.sleep(0)  # one turn of the loop: the close is under way
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert find_marked(MARKER_VAR, session.marker) == []
+    result = await session.close()
+    assert result.clean
+
+
+async def test_fallback_cleanup_after_execd_is_killed(tmp_path: Path) -> None:
+    session = await serve(**private(tmp_path))
+    escapees = await _start_escapees(session)
+    os.kill(session.pid, signal.SIGKILL)
+    result = await session.close()
+    assert result.fallback_ran
+    assert result.rpc_error is not None
+    assert result.fallback_error is None
+    assert result.remaining == ()
+    assert result.clean
+    assert result.killed >= 3
+    assert result.worker_exited and result.exit_code == 128 + signal.SIGKILL
+    assert find_marked(MARKER_VAR, session.marker) == []
+    assert not any(alive(pid) for pid in escapees)
 
 
 # -- connection loss ---------------------------------------------------------------
 
 
-def test_connection_loss_is_detected_and_reconnect_works(tmp_path: Path) -> None:
-    async def main() -> None:
-        session = await serve(keepalive=0.5, **private(tmp_path))
+async def test_connection_loss_is_detected_and_reconnect_works(tmp_path: Path) -> None:
+    session = await serve(keepalive=0.5, **private(tmp_path))
+    try:
+        old = session.client
+        await old.noop()
+        os.kill(session.pid, signal.SIGSTOP)
         try:
-            old = session.client
-            await old.noop()
-            os.kill(session.pid, signal.SIGSTOP)
-            try:
-                started = time.monotonic()
-                with pytest.raises(ConnectionLost):
-                    await asyncio.wait_for(old.noop(), 20)
-                assert time.monotonic() - started < 10
-            finally:
-                os.kill(session.pid, signal.SIGCONT)
-            client = await session.reconnect()
-            assert session.client is client is not old
-            assert await client.echo(b"again") == b"again"
+            started = time.monotonic()
             with pytest.raises(ConnectionLost):
-                await old.noop()
+                await asyncio.wait_for(old.noop(), 20)
+            assert time.monotonic() - started < 10
         finally:
-            result = await session.close()
-        assert result.clean and not result.fallback_ran
+            os.kill(session.pid, signal.SIGCONT)
+        client = await session.reconnect()
+        assert session.client is client is not old
+        assert await client.echo(b"again") == b"again"
+        with pytest.raises(ConnectionLost):
+            await old.noop()
+    finally:
+        result = await session.close()
+    assert result.clean and not result.fallback_ran
 
-    arun(main)
 
-
-def test_reconnect_replaces_a_live_client(tmp_path: Path) -> None:
-    async def main() -> None:
-        async with serve(**private(tmp_path)) as session:
-            old = session.client
-            await session.reconnect()
-            await session.client.noop()
-            with pytest.raises(ConnectionLost):
-                await old.noop()
-
-    arun(main)
+async def test_reconnect_replaces_a_live_client(tmp_path: Path) -> None:
+    async with serve(**private(tmp_path)) as session:
+        old = session.client
+        await session.reconnect()
+        await session.client.noop()
+        with pytest.raises(ConnectionLost):
+            await old.noop()
 
 
 # -- the token ---------------------------------------------------------------------
@@ -482,22 +439,19 @@ def _processes_holding(needle: bytes) -> list[tuple[int, str]]:
     return hits
 
 
-def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
-    async def main() -> None:
-        async with serve(**private(tmp_path)) as session:
-            token = tokens[-1].encode()
-            child = await session.client.run_detached(["sleep", "300"])
-            shown = await session.client.run(["sh", "-c", "env; cat /proc/$$/environ"])
-            assert shown.exit_code == 0
-            assert token not in shown.stdout
-            assert _processes_holding(token) == []
-            assert child.pid in find_marked(MARKER_VAR, session.marker)
-            assert token.decode() not in repr(session)
-            assert [p for p in os.listdir(session.workdir) if p.startswith("token")] == []
-        with open(session.log_path, "rb") as handle:
-            assert token not in handle.read()
-
-    arun(main)
+async def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
+    async with serve(**private(tmp_path)) as session:
+        token = tokens[-1].encode()
+        child = await session.client.run_detached(["sleep", "300"])
+        shown = await session.client.run(["sh", "-c", "env; cat /proc/$$/environ"])
+        assert shown.exit_code == 0
+        assert token not in shown.stdout
+        assert _processes_holding(token) == []
+        assert child.pid in find_marked(MARKER_VAR, session.marker)
+        assert token.decode() not in repr(session)
+        assert [p for p in os.listdir(session.workdir) if p.startswith("token")] == []
+    with open(session.log_path, "rb") as handle:
+        assert token not in handle.read()
 
 
 # -- lease -------------------------------------------------------------------------
@@ -506,7 +460,7 @@ def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
 _RECORD_ARGV = 'printf "%s\\n" "$@" > "$ARGV_FILE"; exec "$PYTHON" -m execd "$@"'
 
 
-def test_every_launched_execd_has_a_lease_unless_it_is_turned_off(tmp_path: Path) -> None:
+async def test_every_launched_execd_has_a_lease_unless_it_is_turned_off(tmp_path: Path) -> None:
     record = tmp_path / "argv"
     command = [
         "env",
@@ -523,14 +477,11 @@ def test_every_launched_execd_has_a_lease_unless_it_is_turned_off(tmp_path: Path
             await session.client.noop()
         return record.read_text().splitlines()
 
-    async def main() -> None:
-        default = await launched_with()
-        assert default[default.index("--lease") + 1] == repr(launcher.DEFAULT_LEASE)
-        chosen = await launched_with(lease=7.5)
-        assert chosen[chosen.index("--lease") + 1] == "7.5"
-        assert "--lease" not in await launched_with(lease=None)
-
-    arun(main)
+    default = await launched_with()
+    assert default[default.index("--lease") + 1] == repr(launcher.DEFAULT_LEASE)
+    chosen = await launched_with(lease=7.5)
+    assert chosen[chosen.index("--lease") + 1] == "7.5"
+    assert "--lease" not in await launched_with(lease=None)
 
 
 @pytest.mark.parametrize("lease", [0.0, -1.0, float("nan"), float("inf")])
@@ -545,8 +496,8 @@ def test_a_lease_needs_keepalive_pings() -> None:
     serve(lease=None, keepalive=None)  # no lease, no pings: allowed
 
 
-# Keeps a copy of the token file, then starts execd a second later with the copy:
-# a worker that announces only after its launch was given up.
+# Keeps a copy of the token file, then starts execd with the copy once the file
+# $GATE exists: a worker that announces only after its launch was given up.
 _SLOW_START = """
 kept=""
 prev=""
@@ -554,37 +505,41 @@ for arg in "$@"; do
     if [ "$prev" = --token-file ]; then kept="$arg.kept"; cp "$arg" "$kept"; fi
     prev=$arg
 done
-sleep 0.5
+while [ ! -e "$GATE" ]; do sleep 0.01; done
 exec "$PYTHON" -m execd "$@" --token-file "$kept"
 """
 
 
-def test_a_launch_cancelled_before_the_announcement_still_closes_execd(tmp_path: Path) -> None:
-    command = ["env", f"PYTHON={sys.executable}", "sh", "-c", _SLOW_START, "sh"]
+async def test_a_launch_cancelled_before_the_announcement_still_closes_execd(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    command = ["env", f"PYTHON={sys.executable}", f"GATE={gate}", "sh", "-c", _SLOW_START, "sh"]
     workdir = tmp_path / "work"
-
-    async def main() -> None:
-        task = asyncio.ensure_future(
-            serve(
-                execd_command=command,
-                workdir=str(workdir),
-                extra_args=("--state-dir", str(tmp_path / "s")),
-            )
+    task = asyncio.ensure_future(
+        serve(
+            execd_command=command,
+            workdir=str(workdir),
+            extra_args=("--state-dir", str(tmp_path / "s")),
         )
-        await asyncio.sleep(0.3)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    )
 
-    arun(main)
+    def tokens() -> list[str]:
+        return [p.name for p in workdir.iterdir() if p.name.startswith("token")]
+
+    # The worker holds its copy of the token and waits at the gate: no announcement yet.
+    await eventually(lambda: workdir.exists() and any(n.endswith(".kept") for n in tokens()))
+    task.cancel()
+    # The launch has given up (its token is gone) before the worker may start.
+    await eventually(lambda: all(n.endswith(".kept") for n in tokens()), what="the launch given up")
+    gate.touch()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     log = next(workdir.glob("execd-*.log")).read_text()
     # By the time the cancelled launch returned, the late worker had announced and
     # been told to shut down: its own exit line and the supervisor's are both there.
     assert '"event": "listening"' in log
     listening = next(line for line in log.splitlines() if '"listening"' in line)
     pid = int(listening.split('"pid": ')[1].split(",")[0])
-    deadline = time.monotonic() + 15
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)
+    await eventually(lambda: not alive(pid), timeout=15, what="the late worker's exit")
     assert '"source": "supervisor"' in next(workdir.glob("execd-*.log")).read_text()
