@@ -57,10 +57,13 @@ from protocol.messages import (
     Message,
     Reply,
 )
+from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
 from tests.support.procs import descriptors
 
 pytestmark = [
+    pytest.mark.anyio,
+    one_loop,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc"),
 ]
@@ -105,10 +108,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecd]:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def arun(main: Callable[[], Any]) -> Any:
-    return asyncio.run(main())
-
-
 @contextlib.asynccontextmanager
 async def healthy(daemon: RunningExecd) -> AsyncIterator[ExecdClient]:
     """A well-behaved client, checked before the attack and again after it."""
@@ -131,14 +130,11 @@ async def check_healthy(client: ExecdClient) -> None:
 
 async def no_marked(marker: str, timeout: float = 15.0) -> None:
     """Wait until no process carries ``marker`` (fail with their command lines if some do)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    try:
+        await eventually(lambda: not find_marked(MARKER_VAR, marker), timeout, interval=0.05)
+    except AssertionError:
         left = find_marked(MARKER_VAR, marker)
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"marked processes left: {[(p, cmdline(p)) for p in left]}")
-        await asyncio.sleep(0.05)
+        raise AssertionError(f"marked processes left: {[(p, cmdline(p)) for p in left]}") from None
 
 
 def cmdline(pid: int) -> str:
@@ -326,7 +322,7 @@ def authenticated(daemon: RunningExecd, **kwargs: Any) -> RawPeer:
 # -- authentication --------------------------------------------------------------------
 
 
-def test_wrong_token(daemon: RunningExecd) -> None:
+async def test_wrong_token(daemon: RunningExecd) -> None:
     async def main() -> int:
         tried = 0
         async with healthy(daemon):
@@ -343,10 +339,10 @@ def test_wrong_token(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("wrong_token", arun(main), "AuthenticationFailed (code 7) every time")
+    report("wrong_token", await main(), "AuthenticationFailed (code 7) every time")
 
 
-def test_no_token_hangups_and_silence(daemon: RunningExecd) -> None:
+async def test_no_token_hangups_and_silence(daemon: RunningExecd) -> None:
     def hang_ups() -> int:
         tried = 0
         for index in range(60):
@@ -384,10 +380,10 @@ def test_no_token_hangups_and_silence(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("no_token", arun(main), "hang-ups absorbed, silent peers aborted at the deadline")
+    report("no_token", await main(), "hang-ups absorbed, silent peers aborted at the deadline")
 
 
-def test_replayed_handshake_transcript(daemon: RunningExecd) -> None:
+async def test_replayed_handshake_transcript(daemon: RunningExecd) -> None:
     def record(cipher: str) -> bytes:
         with raw_peer(daemon, cipher=cipher) as peer:
             peer.handshake()
@@ -427,10 +423,10 @@ def test_replayed_handshake_transcript(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("replayed_handshake", arun(main), "AUTH_FAILED on every replay, no call served")
+    report("replayed_handshake", await main(), "AUTH_FAILED on every replay, no call served")
 
 
-def test_slow_handshake_is_cut_at_the_deadline(daemon: RunningExecd) -> None:
+async def test_slow_handshake_is_cut_at_the_deadline(daemon: RunningExecd) -> None:
     def attack() -> list[tuple[int | None, float, int]]:
         hello = ClientConnection(daemon.token.encode()).data_to_send()
         peers = [RawPeer(daemon) for _ in range(4)]
@@ -472,10 +468,10 @@ def test_slow_handshake_is_cut_at_the_deadline(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return len(outcomes)
 
-    report("slow_handshake", arun(main), "HANDSHAKE_TIMEOUT at the deadline, a few bytes in")
+    report("slow_handshake", await main(), "HANDSHAKE_TIMEOUT at the deadline, a few bytes in")
 
 
-def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
+async def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
     count = 1000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = count + 256
@@ -545,7 +541,7 @@ def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
             pass
         return found
 
-    found = arun(main)
+    found = await main()
     assert sum(found.values()) == count, found
     assert set(found) <= {"CONNECTION_LIMIT", "HANDSHAKE_TIMEOUT"}, found
     assert found.get("CONNECTION_LIMIT", 0) >= count // 2, found
@@ -559,7 +555,7 @@ def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
 # -- frames and messages ---------------------------------------------------------------
 
 
-def test_oversized_and_absurd_frame_lengths(daemon: RunningExecd) -> None:
+async def test_oversized_and_absurd_frame_lengths(daemon: RunningExecd) -> None:
     def attack() -> int:
         tried = 0
         for length in (limits.PREAUTH_MAX_FRAME + 1, 64 * MIB, limits.MAX_HEADER_VALUE):
@@ -585,10 +581,10 @@ def test_oversized_and_absurd_frame_lengths(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("oversized_frames", arun(main), "FRAME_TOO_LARGE before and after authentication")
+    report("oversized_frames", await main(), "FRAME_TOO_LARGE before and after authentication")
 
 
-def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
+async def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
     hello = msgspec.msgpack.decode(ClientConnection(b"t").data_to_send()[4:])
     bad_hello = dict(hello, versions="one")
     preauth: list[tuple[bytes, ErrorCode]] = [
@@ -655,10 +651,10 @@ def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("malformed_messages", arun(main), "each closed with its typed abort code")
+    report("malformed_messages", await main(), "each closed with its typed abort code")
 
 
-def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) -> None:
+async def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) -> None:
     bad_params: list[tuple[str, Any]] = [
         ("shell.run", {"argv": 5}),
         ("shell.run", {"argv": []}),
@@ -696,11 +692,11 @@ def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) -> None:
         return tried
 
     report(
-        "typed_params_and_methods", arun(main), "INVALID_PARAMS / UNKNOWN_METHOD, same connection"
+        "typed_params_and_methods", await main(), "INVALID_PARAMS / UNKNOWN_METHOD, same connection"
     )
 
 
-def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
+async def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
     def sealed_call(peer: RawPeer, data: bytes) -> tuple[int, bytes]:
         call_id = peer.conn.next_call_id()
         call = Call(id=call_id, method="server.echo", params=to_raw({"data": data}))
@@ -751,13 +747,13 @@ def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
         await no_marked(daemon.marker)
         return tried
 
-    report("tampered_frames", arun(main), "DECRYPT_FAILED for flipped, cut, replayed, reordered")
+    report("tampered_frames", await main(), "DECRYPT_FAILED for flipped, cut, replayed, reordered")
 
 
 # -- flow control, memory and abrupt endings -------------------------------------------
 
 
-def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
+async def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
     def start_flood(streaming: bool) -> RawPeer:
         peer = authenticated(daemon, rcvbuf=16 * 1024)
         params = shell_api.RunParams(argv=["yes", "flood"], stream=streaming)
@@ -770,10 +766,11 @@ def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
         async with healthy(daemon) as client:
             peers = [await asyncio.to_thread(start_flood, streaming) for streaming in (True, False)]
             try:
-                deadline = time.monotonic() + 20
-                while len(marked_matching(daemon.marker, "yes flood")) < 2:
-                    assert time.monotonic() < deadline, "the floods did not start"
-                    await asyncio.sleep(0.05)
+                await eventually(
+                    lambda: len(marked_matching(daemon.marker, "yes flood")) >= 2,
+                    timeout=20,
+                    what="both floods running",
+                )
                 for _ in range(16):
                     await asyncio.sleep(0.25)
                     samples.append(daemon.rss_kib())
@@ -787,7 +784,7 @@ def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
         assert growth < RSS_BOUND_KIB, (before, samples)
         return len(peers), growth
 
-    tried, growth = arun(main)
+    tried, growth = await main()
     report(
         "flood_unread",
         tried,
@@ -795,7 +792,7 @@ def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
     )
 
 
-def test_abrupt_disconnects_mid_stream(daemon: RunningExecd, tmp_path: Path) -> None:
+async def test_abrupt_disconnects_mid_stream(daemon: RunningExecd, tmp_path: Path) -> None:
     target_dir = tmp_path / "uploads"
     target_dir.mkdir()
     big = tmp_path / "big.bin"
@@ -858,14 +855,13 @@ def test_abrupt_disconnects_mid_stream(daemon: RunningExecd, tmp_path: Path) -> 
             before = await client.ledger_head(session)
             tried = await asyncio.to_thread(attack)
             await no_marked(daemon.marker)
-            deadline = time.monotonic() + 10
-            while sorted(os.listdir(target_dir)) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert sorted(os.listdir(target_dir)) == [], "an interrupted upload left a file"
+            await eventually(
+                lambda: not os.listdir(target_dir), what="no file left by an interrupted upload"
+            )
             assert await client.ledger_head(session) == before
         return tried
 
-    report("abrupt_disconnects", arun(main), "RST mid-stream: commands killed, no torn files")
+    report("abrupt_disconnects", await main(), "RST mid-stream: commands killed, no torn files")
 
 
 # -- dying daemon, full disk, many processes -------------------------------------------
@@ -889,7 +885,7 @@ def reap(pids: list[int]) -> None:
             os.waitpid(pid, 0)
 
 
-def test_execd_killed_mid_call(tmp_path: Path) -> None:
+async def test_execd_killed_mid_call(tmp_path: Path) -> None:
     async def main(running: RunningExecd) -> list[float]:
         client = await harnessd.connect(running.host, running.port, running.token)
         collected = asyncio.ensure_future(client.run(["sleep", "30"]))
@@ -925,7 +921,7 @@ def test_execd_killed_mid_call(tmp_path: Path) -> None:
         return elapsed
 
     with subreaper(), start_execd(tmp_path) as running:
-        elapsed = arun(lambda: main(running))
+        elapsed = await main(running)
     assert all(seconds < 1.0 for seconds in elapsed), elapsed
     report(
         "execd_sigkill",
@@ -935,7 +931,7 @@ def test_execd_killed_mid_call(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
-def test_write_to_a_full_disk(daemon: RunningExecd, tmp_path: Path) -> None:
+async def test_write_to_a_full_disk(daemon: RunningExecd, tmp_path: Path) -> None:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     mounted = subprocess.run(
@@ -980,14 +976,14 @@ def test_write_to_a_full_disk(daemon: RunningExecd, tmp_path: Path) -> None:
         return tried
 
     try:
-        tried = arun(main)
+        tried = await main()
     finally:
         if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(mount_point)], check=False)
     report("full_disk", tried, "NoSpace (ENOSPC), no torn or temporary file")
 
 
-def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
+async def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
     limit = 4
 
     async def main(running: RunningExecd) -> int:
@@ -1051,5 +1047,5 @@ def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
         return tried
 
     with start_execd(tmp_path, "--max-processes", str(limit)) as running:
-        tried = arun(lambda: main(running))
+        tried = await main(running)
     report("fork_loop_and_process_limit", tried, "PROCESS_LIMIT typed; 50 forks all killed")
