@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,16 +40,13 @@ from harnessd.models import (
 from harnessd.runtime import LocalRuntime
 from harnessd.tools import TOOL_SPECS, ToolConfig
 from harnessd.trace import Trace, read_trace
+from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
 
 MARKER_VAR = "EXECD_MARKER"
 PY = shlex.quote(sys.executable)
-
-
-def arun(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    return asyncio.run(main())
 
 
 def private(tmp_path: Path, name: str = "w") -> dict[str, Any]:
@@ -80,12 +76,10 @@ def marked_running(marker: str, needle: str) -> list[int]:
 
 
 async def wait_until_gone(marker: str, needle: str, timeout: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = marked_running(marker, needle)
-        if not left or time.monotonic() > deadline:
-            return left
-        await asyncio.sleep(0.05)
+    """Wait until no marked process runs ``needle``; return those still running at the end."""
+    with contextlib.suppress(AssertionError):
+        await eventually(lambda: not marked_running(marker, needle), timeout, interval=0.05)
+    return marked_running(marker, needle)
 
 
 async def check_ledger(agent: AgentSession, client: ExecdClient) -> None:
@@ -107,7 +101,7 @@ def results_by_name(result: AgentResult) -> dict[str, list[str]]:
 # -- scripted sessions ----------------------------------------------------------------------
 
 
-def test_scripted_session_uses_shell_and_file_tools(tmp_path: Path) -> None:
+async def test_scripted_session_uses_shell_and_file_tools(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     model = ScriptedModel(
         [
@@ -152,38 +146,34 @@ def test_scripted_session_uses_shell_and_file_tools(tmp_path: Path) -> None:
         ]
     )
     trace_path = tmp_path / "trace.jsonl"
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                reconnect=session.reconnect,
-                tools=ToolConfig(root=root, output_cap=2000),
-                trace=Trace(trace_path),
-            )
-            result = await agent.run("compute 6*7")
-            agent.trace.close()
-            assert result.stop_reason == "finished" and result.final_text == "all done"
-            assert len(result.turns) == 5
-            texts = results_by_name(result)
-            assert texts["write_file"][0].startswith("wrote 13 bytes")
-            assert "made" in texts["shell"][0]
-            assert texts["read_file"][0].strip() == "42"
-            assert "f src/main.py 13" in texts["list_files"][0]
-            assert "exit code 3" in texts["shell"][2]
-            assert "NotFound" in texts["read_file"][1]
-            assert "nonempty after" in texts["wait_for_path"][0]
-            # Output past the cap keeps its head and tail with a marker in between.
-            long = texts["shell"][4]
-            assert len(long) <= 2000 and "characters cut" in long
-            assert long.startswith("exit code 0; stdout was 108894 bytes")
-            assert "\n1\n2\n" in long and long.rstrip().endswith("20000")
-            assert result.tool_errors == 1  # the missing file; a non-zero exit is a result
-            assert Path(root, "out", "r.txt").read_text() == "42\nmore\n"
-            await check_ledger(agent, session.client)
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            reconnect=session.reconnect,
+            tools=ToolConfig(root=root, output_cap=2000),
+            trace=Trace(trace_path),
+        )
+        result = await agent.run("compute 6*7")
+        agent.trace.close()
+        assert result.stop_reason == "finished" and result.final_text == "all done"
+        assert len(result.turns) == 5
+        texts = results_by_name(result)
+        assert texts["write_file"][0].startswith("wrote 13 bytes")
+        assert "made" in texts["shell"][0]
+        assert texts["read_file"][0].strip() == "42"
+        assert "f src/main.py 13" in texts["list_files"][0]
+        assert "exit code 3" in texts["shell"][2]
+        assert "NotFound" in texts["read_file"][1]
+        assert "nonempty after" in texts["wait_for_path"][0]
+        # Output past the cap keeps its head and tail with a marker in between.
+        long = texts["shell"][4]
+        assert len(long) <= 2000 and "characters cut" in long
+        assert long.startswith("exit code 0; stdout was 108894 bytes")
+        assert "\n1\n2\n" in long and long.rstrip().endswith("20000")
+        assert result.tool_errors == 1  # the missing file; a non-zero exit is a result
+        assert Path(root, "out", "r.txt").read_text() == "42\nmore\n"
+        await check_ledger(agent, session.client)
 
     records = read_trace(trace_path)
     kinds = [r["event"] for r in records]
@@ -205,7 +195,7 @@ def free_port() -> int:
         return port
 
 
-def test_scripted_session_uses_service_and_session_tools(tmp_path: Path) -> None:
+async def test_scripted_session_uses_service_and_session_tools(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     Path(root, "index.html").write_text("<p>served</p>\n")
     port = free_port()
@@ -295,55 +285,47 @@ def test_scripted_session_uses_service_and_session_tools(tmp_path: Path) -> None
             {"content": "done"},
         ]
     )
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(
-                model, lambda: session.client, tools=ToolConfig(root=root), tool_prefix="a1-"
-            )
-            result = await agent.run("services and sessions")
-            assert result.stop_reason == "finished"
-            t1, t2, t3, t4 = (turn.results for turn in result.turns[:4])
-            assert t1[0].ok and "service a1-web: running" in t1[0].text and "ready" in t1[0].text
-            assert t1[1].ok and "ready" in t1[1].text
-            assert not t1[2].ok and "ServiceFailed" in t1[2].text
-            assert not t1[3].ok and "needs a port" in t1[3].text
-            assert t1[4].ok and t1[4].text.startswith("exit code 0; cwd ")
-            assert "<p>served</p>" in t2[0].text
-            assert t2[1].text.startswith("exit code 1; cwd ")
-            assert str(Path(root, "sub")) in t2[1].text and "MARK=kept" in t2[1].text
-            assert "MARK=unset" in t2[2].text and f"cwd {root}" in t2[2].text
-            assert "GET /index.html" in t3[0].text
-            assert "READY now" in t3[1].text and "warming up" not in t3[1].text
-            assert "timed out" in t3[2].text
-            assert "service a1-talker: stopped" in t4[0].text
-            assert not t4[1].ok and "NoSuchService" in t4[1].text
-            assert "still kept" in t4[2].text
-            assert await wait_until_gone(session.marker, "sleep 300") == []
-            # The run closed what its tools opened.
-            services = await session.client.list_services()
-            assert all(s.state in ("stopped", "exited") for s in services.services)
-            assert (await session.client.list_sessions()).sessions == []
-            await check_ledger(agent, session.client)
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(
+            model, lambda: session.client, tools=ToolConfig(root=root), tool_prefix="a1-"
+        )
+        result = await agent.run("services and sessions")
+        assert result.stop_reason == "finished"
+        t1, t2, t3, t4 = (turn.results for turn in result.turns[:4])
+        assert t1[0].ok and "service a1-web: running" in t1[0].text and "ready" in t1[0].text
+        assert t1[1].ok and "ready" in t1[1].text
+        assert not t1[2].ok and "ServiceFailed" in t1[2].text
+        assert not t1[3].ok and "needs a port" in t1[3].text
+        assert t1[4].ok and t1[4].text.startswith("exit code 0; cwd ")
+        assert "<p>served</p>" in t2[0].text
+        assert t2[1].text.startswith("exit code 1; cwd ")
+        assert str(Path(root, "sub")) in t2[1].text and "MARK=kept" in t2[1].text
+        assert "MARK=unset" in t2[2].text and f"cwd {root}" in t2[2].text
+        assert "GET /index.html" in t3[0].text
+        assert "READY now" in t3[1].text and "warming up" not in t3[1].text
+        assert "timed out" in t3[2].text
+        assert "service a1-talker: stopped" in t4[0].text
+        assert not t4[1].ok and "NoSuchService" in t4[1].text
+        assert "still kept" in t4[2].text
+        assert await wait_until_gone(session.marker, "sleep 300") == []
+        # The run closed what its tools opened.
+        services = await session.client.list_services()
+        assert all(s.state in ("stopped", "exited") for s in services.services)
+        assert (await session.client.list_sessions()).sessions == []
+        await check_ledger(agent, session.client)
 
 
-def test_independent_calls_of_one_turn_run_concurrently(tmp_path: Path) -> None:
+async def test_independent_calls_of_one_turn_run_concurrently(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     calls = [{"name": "shell", "arguments": {"command": "sleep 1"}} for _ in range(6)]
     model = ScriptedModel([{"tool_calls": calls}, {"content": "done"}])
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
-            result = await agent.run("sleep a lot")
-            turn = result.turns[0]
-            assert all(r.ok for r in turn.results)
-            # Six one-second sleeps in parallel take far less than six seconds.
-            assert turn.tools_ms < 4500, turn.tools_ms
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
+        result = await agent.run("sleep a lot")
+        turn = result.turns[0]
+        assert all(r.ok for r in turn.results)
+        # Six one-second sleeps in parallel take far less than six seconds.
+        assert turn.tools_ms < 4500, turn.tools_ms
 
 
 # -- an OpenAI-compatible endpoint -------------------------------------------------------------
@@ -426,42 +408,38 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
     server.close()
 
 
-def test_openai_compatible_endpoint_drives_a_session_and_the_key_stays_out(
+async def test_openai_compatible_endpoint_drives_a_session_and_the_key_stays_out(
     tmp_path: Path, endpoint: ScriptedEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_VAR, KEY)
     root = workspace(tmp_path)
     trace_path = tmp_path / "trace.jsonl"
-
-    async def main() -> None:
-        model = OpenAIChatModel("e2e-model", endpoint.base_url, KEY_VAR, timeout=30.0)
-        launch = serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path))
-        async with launch as session:
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                tools=ToolConfig(root=root),
-                trace=Trace(trace_path),
-            )
-            result = await agent.run("take notes")
-            agent.trace.close()
-            assert result.stop_reason == "finished"
-            assert result.final_text == "finished after 3 tool results"
-            assert result.tool_errors == 0
-            env_text = result.turns[0].results[0].text
-            assert "EXECD_MARKER=" in env_text  # it really is the workspace's environment
-            assert KEY_VAR not in env_text and KEY not in env_text
-            assert Path(root, "notes.txt").read_text() == "from the model\n"
-            # Nothing sent to execd carries the key: not the ledger, not any file.
-            records = await session.client.ledger_read(agent.session_id, 1)
-            assert records and all(KEY.encode() not in r.payload for r in records)
-            check = await session.client.run(
-                command=f"grep -rl {shlex.quote(KEY)} {shlex.quote(str(tmp_path))} || true"
-            )
-            assert check.stdout == b""
-            await check_ledger(agent, session.client)
-
-    arun(main)
+    model = OpenAIChatModel("e2e-model", endpoint.base_url, KEY_VAR, timeout=30.0)
+    launch = serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path))
+    async with launch as session:
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            tools=ToolConfig(root=root),
+            trace=Trace(trace_path),
+        )
+        result = await agent.run("take notes")
+        agent.trace.close()
+        assert result.stop_reason == "finished"
+        assert result.final_text == "finished after 3 tool results"
+        assert result.tool_errors == 0
+        env_text = result.turns[0].results[0].text
+        assert "EXECD_MARKER=" in env_text  # it really is the workspace's environment
+        assert KEY_VAR not in env_text and KEY not in env_text
+        assert Path(root, "notes.txt").read_text() == "from the model\n"
+        # Nothing sent to execd carries the key: not the ledger, not any file.
+        records = await session.client.ledger_read(agent.session_id, 1)
+        assert records and all(KEY.encode() not in r.payload for r in records)
+        check = await session.client.run(
+            command=f"grep -rl {shlex.quote(KEY)} {shlex.quote(str(tmp_path))} || true"
+        )
+        assert check.stdout == b""
+        await check_ledger(agent, session.client)
 
     assert endpoint.auth == [f"Bearer {KEY}"] * 3
     last = endpoint.requests[-1]
@@ -523,7 +501,7 @@ def test_harnessd_run_command_line(
 # -- interruption -----------------------------------------------------------------------------
 
 
-def test_turn_timeout_kills_the_commands_of_the_turn(tmp_path: Path) -> None:
+async def test_turn_timeout_kills_the_commands_of_the_turn(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     model = ScriptedModel(
         [
@@ -544,102 +522,82 @@ def test_turn_timeout_kills_the_commands_of_the_turn(tmp_path: Path) -> None:
             {"content": "done"},
         ]
     )
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                tools=ToolConfig(root=root),
-                limits=AgentLimits(turn_timeout=4.0),
-            )
-            task = asyncio.create_task(agent.run("sleep"))
-            # While the turn runs, its sleeps are there.
-            deadline = time.monotonic() + 10
-            while len(marked_running(session.marker, "sleep 300")) < 4:
-                assert time.monotonic() < deadline, "the sleeps never started"
-                await asyncio.sleep(0.05)
-            result = await task
-            assert await wait_until_gone(session.marker, "sleep 300") == []
-            first = result.turns[0]
-            assert first.interrupted
-            errors = [r.error for r in first.results]
-            assert errors == ["TurnTimeout", "TurnTimeout", None, "TurnTimeout"]
-            assert "quick" in first.results[2].text
-            # The next turn runs, in the same persistent session too.
-            assert [r.ok for r in result.turns[1].results] == [True, True]
-            assert "after" in result.turns[1].results[0].text
-            assert "alive" in result.turns[1].results[1].text
-            assert result.stop_reason == "finished"
-            await check_ledger(agent, session.client)
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            tools=ToolConfig(root=root),
+            limits=AgentLimits(turn_timeout=4.0),
+        )
+        task = asyncio.create_task(agent.run("sleep"))
+        # While the turn runs, its sleeps are there.
+        await eventually(
+            lambda: len(marked_running(session.marker, "sleep 300")) >= 4, what="the sleeps"
+        )
+        result = await task
+        assert await wait_until_gone(session.marker, "sleep 300") == []
+        first = result.turns[0]
+        assert first.interrupted
+        errors = [r.error for r in first.results]
+        assert errors == ["TurnTimeout", "TurnTimeout", None, "TurnTimeout"]
+        assert "quick" in first.results[2].text
+        # The next turn runs, in the same persistent session too.
+        assert [r.ok for r in result.turns[1].results] == [True, True]
+        assert "after" in result.turns[1].results[0].text
+        assert "alive" in result.turns[1].results[1].text
+        assert result.stop_reason == "finished"
+        await check_ledger(agent, session.client)
 
 
-def test_cancelling_a_session_kills_its_commands(tmp_path: Path) -> None:
+async def test_cancelling_a_session_kills_its_commands(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     model = ScriptedModel(
         [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]}]
     )
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
-            task = asyncio.create_task(agent.run("sleep"))
-            deadline = time.monotonic() + 10
-            while not marked_running(session.marker, "sleep 300"):
-                assert time.monotonic() < deadline, "the sleep never started"
-                await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert await wait_until_gone(session.marker, "sleep 300") == []
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
+        task = asyncio.create_task(agent.run("sleep"))
+        await eventually(lambda: marked_running(session.marker, "sleep 300"), what="the sleep")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await wait_until_gone(session.marker, "sleep 300") == []
 
 
-def test_session_timeout_stops_the_session_and_its_commands(tmp_path: Path) -> None:
+async def test_session_timeout_stops_the_session_and_its_commands(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     model = ScriptedModel(
         [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]}]
     )
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                tools=ToolConfig(root=root),
-                limits=AgentLimits(session_timeout=1.5, turn_timeout=None),
-            )
-            result = await agent.run("sleep")
-            assert result.stop_reason == "session_timeout"
-            assert await wait_until_gone(session.marker, "sleep 300") == []
-            entries = [decode_entry(p) for p in agent.ledger.payloads()]
-            assert entries[-1]["kind"] == "end" and entries[-1]["reason"] == "session_timeout"
-            await check_ledger(agent, session.client)
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            tools=ToolConfig(root=root),
+            limits=AgentLimits(session_timeout=1.5, turn_timeout=None),
+        )
+        result = await agent.run("sleep")
+        assert result.stop_reason == "session_timeout"
+        assert await wait_until_gone(session.marker, "sleep 300") == []
+        entries = [decode_entry(p) for p in agent.ledger.payloads()]
+        assert entries[-1]["kind"] == "end" and entries[-1]["reason"] == "session_timeout"
+        await check_ledger(agent, session.client)
 
 
-def test_max_turns_ends_the_session(tmp_path: Path) -> None:
+async def test_max_turns_ends_the_session(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     turn = {"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]}
     model = ScriptedModel([turn] * 5)
-
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                tools=ToolConfig(root=root),
-                limits=AgentLimits(max_turns=3),
-            )
-            result = await agent.run("loop")
-            assert result.stop_reason == "max_turns" and len(result.turns) == 3
-            assert model.remaining == 2
-
-    arun(main)
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            tools=ToolConfig(root=root),
+            limits=AgentLimits(max_turns=3),
+        )
+        result = await agent.run("loop")
+        assert result.stop_reason == "max_turns" and len(result.turns) == 3
+        assert model.remaining == 2
 
 
 # -- ledger sync across a reconnect and an execd restart ----------------------------------------
@@ -684,43 +642,37 @@ def shell_turns(count: int) -> list[dict[str, Any]]:
     return turns
 
 
-def test_ledger_sync_resumes_after_the_connection_is_closed(tmp_path: Path) -> None:
+async def test_ledger_sync_resumes_after_the_connection_is_closed(tmp_path: Path) -> None:
     root = workspace(tmp_path)
     trace_path = tmp_path / "trace.jsonl"
+    async with serve(LocalRuntime(), **private(tmp_path)) as session:
 
-    async def main() -> None:
-        async with serve(LocalRuntime(), **private(tmp_path)) as session:
+        async def drop() -> None:
+            await session.client.close()
 
-            async def drop() -> None:
-                await session.client.close()
-
-            model = Hook(ScriptedModel(shell_turns(6)), at=4, action=drop)
-            agent = AgentSession(
-                model,
-                lambda: session.client,
-                reconnect=session.reconnect,
-                tools=ToolConfig(root=root),
-                trace=Trace(trace_path),
-            )
-            first_client = session.client
-            result = await agent.run("steps")
-            agent.trace.close()
-            assert session.client is not first_client
-            assert result.stop_reason == "finished" and result.tool_errors == 0
-            resumed = [s for s in result.syncs if s.head_queries]
-            assert len(resumed) == 2  # the first sync, and the one after the reconnect
-            assert resumed[1].resumed_from == result.syncs[2].head
-            await check_ledger(agent, session.client)
-            assert Path(root, "log.txt").read_text().splitlines() == [
-                f"step {n}" for n in range(1, 7)
-            ]
-
-    arun(main)
+        model = Hook(ScriptedModel(shell_turns(6)), at=4, action=drop)
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            reconnect=session.reconnect,
+            tools=ToolConfig(root=root),
+            trace=Trace(trace_path),
+        )
+        first_client = session.client
+        result = await agent.run("steps")
+        agent.trace.close()
+        assert session.client is not first_client
+        assert result.stop_reason == "finished" and result.tool_errors == 0
+        resumed = [s for s in result.syncs if s.head_queries]
+        assert len(resumed) == 2  # the first sync, and the one after the reconnect
+        assert resumed[1].resumed_from == result.syncs[2].head
+        await check_ledger(agent, session.client)
+        assert Path(root, "log.txt").read_text().splitlines() == [f"step {n}" for n in range(1, 7)]
     assert any(r["event"] == "reconnect" for r in read_trace(trace_path))
 
 
 @pytest.mark.parametrize("when", ["between_turns", "during_a_turn"])
-def test_ledger_sync_resumes_across_an_execd_restart(tmp_path: Path, when: str) -> None:
+async def test_ledger_sync_resumes_across_an_execd_restart(tmp_path: Path, when: str) -> None:
     root = workspace(tmp_path)
     with contextlib.ExitStack() as stack:
         current: dict[str, Any] = {"execd": stack.enter_context(start_execd(tmp_path))}
@@ -734,10 +686,7 @@ def test_ledger_sync_resumes_across_an_execd_restart(tmp_path: Path, when: str) 
                 old: RunningExecd = current["execd"]
                 old.proc.terminate()
                 old.proc.wait(timeout=15)
-                deadline = time.monotonic() + 15
-                while not current["client"].closed:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.02)
+                await eventually(lambda: current["client"].closed, timeout=15)
 
             async def restart() -> None:
                 # A new execd on the same state dir (start_execd keeps it under tmp_path).
@@ -776,13 +725,13 @@ def test_ledger_sync_resumes_across_an_execd_restart(tmp_path: Path, when: str) 
             await check_ledger(agent, current["client"])
             await current["client"].close()
 
-        arun(main)
+        await main()
 
 
 # -- many sessions at once -----------------------------------------------------------------------
 
 
-def test_fifty_concurrent_sessions_against_fifty_execds(tmp_path: Path) -> None:
+async def test_fifty_concurrent_sessions_against_fifty_execds(tmp_path: Path) -> None:
     count = 50
 
     def script(n: int) -> ScriptedModel:
@@ -809,8 +758,7 @@ def test_fifty_concurrent_sessions_against_fifty_execds(tmp_path: Path) -> None:
         await check_ledger(agent, session.client)
         return n, result.final_text
 
-    async def main() -> float:
-        started = time.monotonic()
+    async def main() -> None:
         launches = [
             serve(LocalRuntime(), start_timeout=60.0, **private(tmp_path, str(n)))
             for n in range(count)
@@ -823,22 +771,16 @@ def test_fifty_concurrent_sessions_against_fifty_execds(tmp_path: Path) -> None:
         assert sorted(outcomes) == [(n, f"session {n} done") for n in range(count)]
         assert all(c.leftover == 0 for c in closed)
         assert len({s.port for s in sessions}) == count
-        return time.monotonic() - started
 
-    elapsed = arun(main)
-    assert elapsed < 90, elapsed
+    await main()
 
 
-def test_workspace_env_has_no_model_credentials_with_a_scrubbed_command(
+async def test_workspace_env_has_no_model_credentials_with_a_scrubbed_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_VAR, KEY)
-
-    async def main() -> None:
-        async with serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path)) as session:
-            env = (await session.client.run(["env"])).stdout.decode()
-            assert "EXECD_MARKER=" in env
-            assert KEY_VAR not in env and KEY not in env
-            assert os.environ[KEY_VAR] == KEY
-
-    arun(main)
+    async with serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path)) as session:
+        env = (await session.client.run(["env"])).stdout.decode()
+        assert "EXECD_MARKER=" in env
+        assert KEY_VAR not in env and KEY not in env
+        assert os.environ[KEY_VAR] == KEY
