@@ -619,27 +619,23 @@ print(json.dumps({"me": os.getpid(), "parent": os.getppid(), "found": found,
     assert got["remaining"] == []
 
 
-def test_cleanup_async_does_not_block_loop(session: Session) -> None:
+@pytest.mark.anyio
+async def test_cleanup_async_does_not_block_loop(session: Session) -> None:
     proc = session.popen([SLEEP, "300"])
     session.wait_marked(1)
+    ticks = 0
 
-    async def main() -> tuple[CleanupReport, int]:
-        ticks = 0
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.001)
-
-        task = asyncio.create_task(ticker())
-        try:
-            report = await cleanup_async(VAR, session.marker, timeout=20)
-        finally:
-            task.cancel()
-        return report, ticks
-
-    report, ticks = asyncio.run(main())
+    task = asyncio.create_task(ticker())
+    try:
+        report = await cleanup_async(VAR, session.marker, timeout=20)
+    finally:
+        task.cancel()
     _assert_clean(report, session, 1)
     assert ticks >= 1
     assert _dead(proc) == -signal.SIGKILL

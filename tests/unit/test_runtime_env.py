@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, workspace_environment
@@ -25,14 +23,15 @@ def test_workspace_environment_drops_token_and_credential_like_names() -> None:
     assert env == {"PATH": "/bin", "HOME": "/home/x"}
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("make", [LocalRuntime, lambda: CommandPrefixRuntime(["env", "A=1"])])
-def test_runtimes_run_commands_without_credentials(
+async def test_runtimes_run_commands_without_credentials(
     make: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
     monkeypatch.setenv("HARMLESS", "yes")
     runtime = make()  # type: ignore[operator]
-    result = asyncio.run(runtime.run(["env"]))
+    result = await runtime.run(["env"])
     assert result.exit_code == 0
     assert b"sk-should-not-leak" not in result.stdout
     assert b"HARMLESS=yes" in result.stdout
