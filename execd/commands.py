@@ -14,8 +14,11 @@ is spawned, so that the three capabilities cannot drift apart:
 * :func:`title_of` is the bounded one-line description clients see;
 * :func:`private_root` is where a capability keeps files only this user may
   enter (service logs, session channels);
-* :class:`BackgroundTasks` holds the tasks a capability starts and must see
-  finished before it closes.
+* :class:`CommandCapability` is what each of the three keeps: its limits,
+  the protected marker variable, the base environment of its commands, its
+  :class:`BackgroundTasks` (tasks it starts and must see finished before it
+  closes), and whether it is closed; :func:`close_each` ends a table of
+  records at once when it closes.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import os
 import shlex
 import tempfile
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from execd.config import Config
@@ -175,3 +178,31 @@ class BackgroundTasks:
         """Wait for every task, those started while waiting too."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class CommandCapability:
+    """The state of a capability that starts commands.
+
+    ``base_env`` is the environment its commands start from; it carries the
+    daemon's marker variable (``config.marker_var``), which calls may neither
+    override nor unset. ``name`` labels the failures of its background tasks.
+    """
+
+    def __init__(self, config: Config, base_env: Mapping[str, str], name: str) -> None:
+        self._config = config
+        self._limits = config.limits
+        self._marker_var = config.marker_var
+        self._base_env = dict(base_env)
+        self._background = BackgroundTasks(name)
+        self._closed = False
+
+
+async def close_each(
+    records: Iterable[T], close: Callable[[T], Awaitable[object]], describe: Callable[[T], str]
+) -> None:
+    """``close(record)`` for every record at once; a failure is logged, the rest go on."""
+    pending = list(records)
+    results = await asyncio.gather(*(close(record) for record in pending), return_exceptions=True)
+    for record, result in zip(pending, results, strict=True):
+        if isinstance(result, BaseException):
+            log.error("%s failed", describe(record), exc_info=result)

@@ -52,7 +52,8 @@ from typing import Any
 from execd import marker
 from execd import spawn as spawning
 from execd.commands import (
-    BackgroundTasks,
+    CommandCapability,
+    close_each,
     command_argv,
     command_environment,
     private_root,
@@ -182,22 +183,13 @@ class _Service:
 # -- the capability -----------------------------------------------------------------------
 
 
-class ServicesCapability:
-    """``services.*`` methods over one process-wide table of named services.
-
-    ``base_env`` is the environment services start from; it carries the
-    daemon's marker variable, which calls may neither override nor unset.
-    """
+class ServicesCapability(CommandCapability):
+    """``services.*`` methods over one process-wide table of named services."""
 
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        self._config = config
-        self._limits = config.limits
-        self._marker_var = config.marker_var
-        self._base_env = dict(base_env)
+        super().__init__(config, base_env, "services")
         self._services: dict[str, _Service] = {}
-        self._background = BackgroundTasks("services")
         self._log_dir: str | None = None
-        self._closed = False
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
@@ -215,12 +207,11 @@ class ServicesCapability:
         self._closed = True
         records = list(self._services.values())
         grace = self._limits.kill_grace
-        results = await asyncio.gather(
-            *(self._stop(rec, signal.SIGTERM, grace) for rec in records), return_exceptions=True
+        await close_each(
+            records,
+            lambda rec: self._stop(rec, signal.SIGTERM, grace),
+            lambda rec: f"stopping service {rec.name}",
         )
-        for rec, result in zip(records, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("stopping service %s failed", rec.name, exc_info=result)
         await self._background.join()
         for rec in records:
             if rec.supervisor is not None and not rec.supervisor.done():

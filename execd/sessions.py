@@ -66,7 +66,13 @@ from typing import Any
 
 from execd import marker, procfs
 from execd import spawn as spawning
-from execd.commands import SHELL, BackgroundTasks, command_environment, private_root
+from execd.commands import (
+    SHELL,
+    CommandCapability,
+    close_each,
+    command_environment,
+    private_root,
+)
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import (
@@ -241,22 +247,13 @@ class _Session:
         return info
 
 
-class SessionsCapability:
-    """``sessions.*`` methods over one process-wide table of named shells.
-
-    ``base_env`` is the environment the shells start from; it carries the
-    daemon's marker variable, which calls may neither override nor unset.
-    """
+class SessionsCapability(CommandCapability):
+    """``sessions.*`` methods over one process-wide table of named shells."""
 
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        self._config = config
-        self._limits = config.limits
-        self._marker_var = config.marker_var
-        self._base_env = dict(base_env)
+        super().__init__(config, base_env, "sessions")
         self._sessions: dict[str, _Session] = {}
-        self._background = BackgroundTasks("sessions")
         self._root: str | None = None
-        self._closed = False
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
@@ -272,12 +269,7 @@ class SessionsCapability:
         """Kill every session and everything it started."""
         self._closed = True
         sessions = list(self._sessions.values())
-        results = await asyncio.gather(
-            *(self._destroy(sess) for sess in sessions), return_exceptions=True
-        )
-        for sess, result in zip(sessions, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("closing session %s failed", sess.name, exc_info=result)
+        await close_each(sessions, self._destroy, lambda sess: f"closing session {sess.name}")
         await self._background.join()
 
     # -- helpers ---------------------------------------------------------------

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execd import spawn as spawning
-from execd.commands import BackgroundTasks, command_argv, command_environment, title_of
+from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext, ConnectionLost, Method
 from execd.errors import (
@@ -326,25 +326,15 @@ class _Detached:
         return info
 
 
-class ShellCapability:
-    """``shell.*`` methods over one process-wide table of commands.
-
-    ``base_env`` is the environment every command starts from (it already
-    carries the marker variable named by ``config.marker_var``, which calls
-    may neither override nor unset).
-    """
+class ShellCapability(CommandCapability):
+    """``shell.*`` methods over one process-wide table of commands."""
 
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        self._config = config
-        self._limits = config.limits
-        self._marker_var = config.marker_var
-        self._base_env = dict(base_env)
+        super().__init__(config, base_env, "shell")
         self._live = 0
         self._calls: dict[tuple[int, int], _Command] = {}
         self._hooked: set[int] = set()
         self._detached: dict[str, _Detached] = {}
-        self._background = BackgroundTasks("shell")
-        self._closed = False
 
     # -- public ----------------------------------------------------------------
 
