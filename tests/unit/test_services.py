@@ -12,15 +12,7 @@ from typing import Any
 
 import pytest
 
-from execd.errors import (
-    InvalidParams,
-    LimitExceeded,
-    NoSuchService,
-    NotReady,
-    ServiceExists,
-    ServiceFailed,
-    ShuttingDown,
-)
+from execd import errors
 from execd.services import SERVICE_MARKER_VAR, ServicesCapability
 from protocol.api import services as api
 from tests.conftest import eventually
@@ -84,7 +76,7 @@ async def test_service_that_crashes_at_start_fails_with_log_tail_and_status(
     command = "echo starting up; echo 'fatal: no config' >&2; exit 3"
     params = start("crash", command, probe=api.TcpProbe(port=free_port(), timeout=20))
     began = time.monotonic()
-    with pytest.raises(ServiceFailed) as caught:
+    with pytest.raises(errors.ServiceFailed) as caught:
         await cap.services_start(params, LocalContext())
     assert time.monotonic() - began < 10, "the exit must not wait for the probe timeout"
     data = caught.value.data
@@ -101,7 +93,7 @@ async def test_killed_by_signal_before_ready_reports_the_signal(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
     params = start("sig", "kill -9 $$", probe=api.LogProbe(pattern="never", timeout=20))
-    with pytest.raises(ServiceFailed) as caught:
+    with pytest.raises(errors.ServiceFailed) as caught:
         await cap.services_start(params, LocalContext())
     assert caught.value.data["signal"] == 9 and caught.value.data["exit_code"] is None
 
@@ -117,7 +109,7 @@ async def test_log_probe_sees_lines_written_before_it_and_ignores_older_runs(
     # The log still holds "listening on 8080" from the first run: it must not count.
     quiet = start("logged", "echo still booting; exec sleep 30", probe=probe)
     quiet.probe = api.LogProbe(pattern=r"listening on \d+$", timeout=0.7)
-    with pytest.raises(NotReady):
+    with pytest.raises(errors.NotReady):
         await cap.services_start(quiet, LocalContext())
     # An unterminated last line matches too.
     partial = start("partial", "printf 'ready> '; exec sleep 30")
@@ -143,7 +135,7 @@ async def test_probe_timeout_reports_not_ready_and_stops_the_service(
     pidfile = tmp_path / "pid"
     command = f"echo $$ > {pidfile}; echo waiting for nothing; exec sleep 300"
     probe = api.CommandProbe(command="exit 1", interval=0.05, timeout=0.6)
-    with pytest.raises(NotReady) as caught:
+    with pytest.raises(errors.NotReady) as caught:
         await cap.services_start(start("never", command, probe=probe), LocalContext())
     assert "waiting for nothing" in caught.value.data["log_tail"]
     info = await status(cap, "never")
@@ -183,9 +175,9 @@ async def test_logs_tail_by_lines_bytes_and_offset(cap: ServicesCapability, tmp_
     assert (await logs(cap, "lines", offset=tail.start, nbytes=8)).data == b"line 48\n"
     default = await logs(cap, "lines")
     assert default.data == everything  # fewer lines than the default count
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await logs(cap, "lines", lines=1, offset=0)
-    with pytest.raises(NoSuchService):
+    with pytest.raises(errors.NoSuchService):
         await logs(cap, "nothing")
 
 
@@ -319,31 +311,31 @@ async def test_close_kills_every_service(cap: ServicesCapability) -> None:
     await eventually(lambda: status_sync(cap, "waiting") == "backoff")
     await cap.close()
     assert not any(alive(pid) for pid in pids)
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(errors.ShuttingDown):
         await cap.services_start(start("late", "true"), LocalContext())
 
 
 @pytest.mark.limits(max_services=2)
 async def test_errors_exists_limit_and_invalid(cap: ServicesCapability, tmp_path: Path) -> None:
     await cap.services_start(start("one", "exec sleep 30"), LocalContext())
-    with pytest.raises(ServiceExists):
+    with pytest.raises(errors.ServiceExists):
         await cap.services_start(start("one", "exec sleep 30"), LocalContext())
     await cap.services_start(start("two", "exec sleep 30"), LocalContext())
-    with pytest.raises(LimitExceeded):
+    with pytest.raises(errors.LimitExceeded):
         await cap.services_start(start("three", "exec sleep 30"), LocalContext())
     await cap.services_stop(api.StopParams(name="two"), LocalContext())
     # A finished service makes room for a new one.
     await cap.services_start(start("three", "exec sleep 30"), LocalContext())
-    with pytest.raises(NoSuchService):
+    with pytest.raises(errors.NoSuchService):
         await status(cap, "two")
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.services_start(api.StartParams(name="x"), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         bad = start("x", "true", env={MARKER_VAR: "other"})
         await cap.services_start(bad, LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.services_start(
             start("x", "true", probe=api.LogProbe(pattern="(")), LocalContext()
         )
-    with pytest.raises(NoSuchService):
+    with pytest.raises(errors.NoSuchService):
         await cap.services_stop(api.StopParams(name="ghost"), LocalContext())

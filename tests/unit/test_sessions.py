@@ -9,16 +9,7 @@ from typing import Any
 
 import pytest
 
-from execd import marker
-from execd.errors import (
-    InvalidParams,
-    LimitExceeded,
-    NoSuchSession,
-    SessionBusy,
-    SessionDead,
-    SessionExists,
-    ShuttingDown,
-)
+from execd import errors, marker
 from execd.sessions import SESSION_MARKER_VAR, SessionsCapability
 from protocol.api import sessions as api
 from tests.conftest import eventually
@@ -114,7 +105,7 @@ async def test_background_job_does_not_block_and_dies_at_close(
     assert closed.remaining == [] and closed.killed >= 3
     assert closed.info.state == "dead"
     await eventually(lambda: not any(alive(pid) for pid in pids))
-    with pytest.raises(NoSuchSession):
+    with pytest.raises(errors.NoSuchSession):
         await sh(cap, "true")
 
 
@@ -133,7 +124,7 @@ async def test_interrupt_stops_the_foreground_command_only(
     )
     # Interrupt only once the foreground sleep runs beside the background one.
     await eventually(lambda: len(children(shell, "sleep")) == 2)
-    with pytest.raises(SessionBusy):
+    with pytest.raises(errors.SessionBusy):
         await sh(cap, "true")
     sent = await cap.sessions_interrupt(api.InterruptParams(name="s"), LocalContext())
     assert sent.sent
@@ -171,10 +162,10 @@ async def test_exit_ends_the_session(cap: SessionsCapability, tmp_path: Path) ->
     ended = await sh(cap, "echo bye; exit 3")
     assert ended.session_ended and ended.exit_code == 3 and ended.stdout == b"bye\n"
     assert ended.cwd is None and not alive(info.pid)
-    with pytest.raises(SessionDead) as caught:
+    with pytest.raises(errors.SessionDead) as caught:
         await sh(cap, "echo again")
     assert caught.value.data["exit_code"] == 3
-    with pytest.raises(SessionDead):
+    with pytest.raises(errors.SessionDead):
         await cap.sessions_interrupt(api.InterruptParams(name="s"), LocalContext())
     listing = await cap.sessions_list(api.ListParams(), LocalContext())
     assert listing.sessions[0].state == "dead" and listing.sessions[0].exit_code == 3
@@ -238,17 +229,17 @@ async def test_close_kills_everything_the_session_started(
     assert marker.find_marked(SESSION_MARKER_VAR, subs[0]) != []
     await cap.close()
     assert marker.find_marked(SESSION_MARKER_VAR, subs[0]) == []
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(errors.ShuttingDown):
         await open_session(cap, name="c")
 
 
 @pytest.mark.limits(max_sessions=2)
 async def test_errors_exists_limit_and_invalid(cap: SessionsCapability, tmp_path: Path) -> None:
     await open_session(cap, name="one")
-    with pytest.raises(SessionExists):
+    with pytest.raises(errors.SessionExists):
         await open_session(cap, name="one")
     await open_session(cap, name="two")
-    with pytest.raises(LimitExceeded):
+    with pytest.raises(errors.LimitExceeded):
         await open_session(cap, name="three")
     # A dead session gives its place to a new one.
     await sh(cap, "exit", name="two")
@@ -256,11 +247,11 @@ async def test_errors_exists_limit_and_invalid(cap: SessionsCapability, tmp_path
     assert [
         s.name for s in (await cap.sessions_list(api.ListParams(), LocalContext())).sessions
     ] == ["one", "three"]
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await open_session(cap, name="x", env={MARKER_VAR: "other"})
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await open_session(cap, name="x", unset=[SESSION_MARKER_VAR])
-    with pytest.raises(NoSuchSession):
+    with pytest.raises(errors.NoSuchSession):
         await sh(cap, "true", name="ghost")
-    with pytest.raises(NoSuchSession):
+    with pytest.raises(errors.NoSuchSession):
         await cap.sessions_close(api.CloseParams(name="ghost"), LocalContext())

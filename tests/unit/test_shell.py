@@ -12,16 +12,7 @@ from typing import Any
 
 import pytest
 
-from execd.errors import (
-    AlreadyAttached,
-    AlreadyExited,
-    InvalidParams,
-    LimitExceeded,
-    NoSuchProcess,
-    ProcessLimit,
-    ShuttingDown,
-    SpawnFailed,
-)
+from execd import errors
 from execd.shell import ShellCapability
 from protocol.api import shell as api
 from tests.conftest import eventually
@@ -81,7 +72,7 @@ async def test_argv_and_sh_c(cap: ShellCapability) -> None:
     assert (r.exit_code, r.stdout, r.stderr) == (5, b"out\n", b"err\n")
     assert r.duration >= 0 and not r.timed_out and not r.pipes_held_open
     for bad in (run_params(), run_params(argv=["true"], command="true"), run_params(argv=[""])):
-        with pytest.raises(InvalidParams):
+        with pytest.raises(errors.InvalidParams):
             await cap.shell_run(bad, LocalContext())
 
 
@@ -99,22 +90,22 @@ async def test_cwd_env_unset_and_marker(
         LocalContext(),
     )
     assert r.stdout == f"{tmp_path}\nbar|unset|{marker_tag}\n".encode()
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_run(run_params(argv=["true"], env={MARKER_VAR: "x"}), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_run(run_params(argv=["true"], unset=[MARKER_VAR]), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_run(run_params(argv=["true"], env={"A=B": "x"}), LocalContext())
 
 
 async def test_spawn_errors_are_typed(cap: ShellCapability, tmp_path: Path) -> None:
-    with pytest.raises(SpawnFailed) as info:
+    with pytest.raises(errors.SpawnFailed) as info:
         await cap.shell_run(
             run_params(argv=["no-such-command-xyz"], env={"PATH": searchable_path()}),
             LocalContext(),
         )
     assert info.value.data["errno"] == "ENOENT"
-    with pytest.raises(SpawnFailed) as info:
+    with pytest.raises(errors.SpawnFailed) as info:
         await cap.shell_run(run_params(argv=["true"], cwd=str(tmp_path / "nope")), LocalContext())
     assert info.value.data["what"] == "working directory"
     assert cap.live_processes == 0
@@ -134,7 +125,7 @@ async def test_stdin_bytes_stream_and_default_dev_null(cap: ShellCapability) -> 
     ctx.feed("stdin", b"world", end=True)
     r = await task
     assert r.stdout == b"hello world"
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_run(run_params(argv=["cat"], stdin=b"x", stdin_stream=True), LocalContext())
 
 
@@ -329,13 +320,13 @@ async def test_signal_reaches_running_and_stopped_commands(cap: ShellCapability)
     assert r.signal == signal.SIGTERM
     assert b"resumed" not in ctx.received("stdout")
 
-    with pytest.raises(NoSuchProcess):
+    with pytest.raises(errors.NoSuchProcess):
         await cap.shell_signal(api.SignalParams(call_id=9, signal=15), sibling(ctx, 11))
-    with pytest.raises(NoSuchProcess):  # another connection's call is not addressable
+    with pytest.raises(errors.NoSuchProcess):  # another connection's call is not addressable
         await cap.shell_signal(api.SignalParams(call_id=9, signal=15), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_signal(api.SignalParams(signal=15), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_signal(
             api.SignalParams(call_id=1, command_id="x", signal=15), LocalContext()
         )
@@ -348,9 +339,9 @@ async def test_process_limit(cap: ShellCapability) -> None:
         for _ in range(2)
     ]
     await eventually(lambda: cap.live_processes == 2)
-    with pytest.raises(ProcessLimit):
+    with pytest.raises(errors.ProcessLimit):
         await asyncio.wait_for(cap.shell_run(run_params(argv=["true"]), LocalContext()), 5)
-    with pytest.raises(ProcessLimit):
+    with pytest.raises(errors.ProcessLimit):
         await cap.shell_run(run_params(argv=["true"], detached=True), LocalContext())
     for task in tasks:
         task.cancel()
@@ -387,7 +378,7 @@ async def test_detached_survives_connection_and_can_be_attached(cap: ShellCapabi
     assert attached.stdout_lost == 0
     # The final status was read: the record is gone.
     assert (await cap.shell_list(api.ListParams(), LocalContext())).commands == []
-    with pytest.raises(NoSuchProcess):
+    with pytest.raises(errors.NoSuchProcess):
         await cap.shell_status(api.StatusParams(command_id=started.command_id), ctx)
 
 
@@ -402,7 +393,7 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
     assert info.state == "exited" and info.exit_code == 0
     assert info.stdout_bytes == 10000 + 1 + 5
     # wait read the final status: forgotten.
-    with pytest.raises(NoSuchProcess):
+    with pytest.raises(errors.NoSuchProcess):
         await cap.shell_wait(api.WaitParams(command_id=started.command_id), LocalContext())
 
     started = await cap.shell_run(
@@ -411,7 +402,7 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
     )
     assert started.command_id is not None
     await until_exited(cap, started.command_id)
-    with pytest.raises(AlreadyExited):
+    with pytest.raises(errors.AlreadyExited):
         await cap.shell_signal(
             api.SignalParams(command_id=started.command_id, signal=15), LocalContext()
         )
@@ -430,7 +421,7 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
     await cap.shell_signal(api.SignalParams(command_id=started.command_id, signal=9), ctx)
     info = await cap.shell_wait(api.WaitParams(command_id=started.command_id), ctx)
     assert info.signal == 9
-    with pytest.raises(NoSuchProcess):
+    with pytest.raises(errors.NoSuchProcess):
         await cap.shell_signal(api.SignalParams(command_id=started.command_id, signal=9), ctx)
 
 
@@ -454,14 +445,14 @@ async def test_attach_follow_false_and_single_attacher(cap: ShellCapability) -> 
         cap.shell_attach(api.AttachParams(command_id=command_id), follower)
     )
     await eventually(lambda: follower.received("stdout") == b"hi\n")
-    with pytest.raises(AlreadyAttached):
+    with pytest.raises(errors.AlreadyAttached):
         await cap.shell_attach(api.AttachParams(command_id=command_id), LocalContext())
     await cap.shell_signal(
         api.SignalParams(command_id=command_id, signal=signal.SIGTERM), LocalContext()
     )
     result = await asyncio.wait_for(following, 10)
     assert result.info.signal == signal.SIGTERM
-    with pytest.raises(NoSuchProcess):
+    with pytest.raises(errors.NoSuchProcess):
         await cap.shell_status(api.StatusParams(command_id=command_id), LocalContext())
 
 
@@ -484,9 +475,9 @@ async def test_detached_retention_and_record_limit(cap: ShellCapability) -> None
     await until_exited(cap, b.command_id)
     c = await cap.shell_run(run_params(argv=["sleep", "300"], detached=True), LocalContext())
     assert list(await listed(cap)) == [a.command_id, c.command_id]
-    with pytest.raises(LimitExceeded):
+    with pytest.raises(errors.LimitExceeded):
         await cap.shell_run(run_params(argv=["true"], detached=True), LocalContext())
-    with pytest.raises(InvalidParams):
+    with pytest.raises(errors.InvalidParams):
         await cap.shell_run(run_params(argv=["true"], detached=True, stream=True), LocalContext())
 
 
@@ -504,5 +495,5 @@ async def test_close_kills_everything(cap: ShellCapability) -> None:
     assert not any(alive(p) for p in pids)
     r = await asyncio.wait_for(task, 10)
     assert r.signal == signal.SIGTERM
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(errors.ShuttingDown):
         await cap.shell_run(run_params(argv=["true"]), LocalContext())
