@@ -42,6 +42,7 @@ from harnessd.tools import TOOL_SPECS, ToolConfig
 from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.procs import cmdline
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
 
@@ -63,16 +64,8 @@ def workspace(tmp_path: Path, name: str = "ws") -> str:
     return str(root)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def marked_running(marker: str, needle: str) -> list[int]:
-    return [pid for pid in find_marked(MARKER_VAR, marker) if needle in _cmdline(pid)]
+    return [pid for pid in find_marked(MARKER_VAR, marker) if needle in cmdline(pid)]
 
 
 async def wait_until_gone(marker: str, needle: str, timeout: float = 15.0) -> list[int]:

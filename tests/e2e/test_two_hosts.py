@@ -41,6 +41,7 @@ import msgspec
 import pytest
 
 from execd.marker import child_environment, find_marked, new_marker
+from tests.conftest import eventually_blocking
 from tests.e2e.netns import (
     HostsUnavailable,
     SystemUser,
@@ -52,6 +53,7 @@ from tests.e2e.netns import (
     system_user,
     two_hosts,
 )
+from tests.support.procs import cmdline
 from tests.support.worker_env import (
     WorkerPython,
     WorkerPythonUnavailable,
@@ -422,8 +424,9 @@ def test_workspace_example_across_namespaces(
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split() == [str(worker_user.uid), "1", "marked", str(workspace_root)]
-    # Closing the session ended execd and everything of the worker's.
-    assert pids_of_uid(worker_user.uid) == []
+    # Closing the session ended execd and everything of the worker's (the last of
+    # them may still be on its way out when the example returns).
+    eventually_blocking(lambda: pids_of_uid(worker_user.uid) == [], what="no worker process")
 
 
 # -- the harness side (runs in a child process inside the harness namespace) ---------------
@@ -595,14 +598,6 @@ def _reap_children(timeout: float) -> int:
         time.sleep(0.05)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
 def _scan_environs(uid: int, secret: str) -> dict[str, list[int]]:
     """Read /proc/*/environ of every process of ``uid`` (as root) looking for ``secret``."""
     scanned: list[int] = []
@@ -770,7 +765,7 @@ async def _escape(client: Any, cfg: HarnessConfig) -> dict[str, int]:
     deadline = time.monotonic() + 20.0
     while len(found) < len(ESCAPE_TAGS) and time.monotonic() < deadline:
         for pid in find_marked(MARKER_VAR, cfg.marker, uid=cfg.uid):
-            line = _cmdline(pid)
+            line = cmdline(pid)
             for tag in ESCAPE_TAGS:
                 if line == f"sleep {tag}":
                     found[tag] = pid

@@ -59,7 +59,7 @@ from protocol.messages import (
 )
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import descriptors
+from tests.support.procs import cmdline, descriptors
 
 pytestmark = [
     pytest.mark.anyio,
@@ -135,14 +135,6 @@ async def no_marked(marker: str, timeout: float = 15.0) -> None:
     except AssertionError:
         left = find_marked(MARKER_VAR, marker)
         raise AssertionError(f"marked processes left: {[(p, cmdline(p)) for p in left]}") from None
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def marked_matching(marker: str, needle: str) -> list[int]:

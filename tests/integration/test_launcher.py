@@ -22,7 +22,7 @@ from harnessd.errors import ConnectionLost, LaunchFailed, ProtocolViolation
 from harnessd.launcher import Session, serve
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime, WorkspaceError
 from tests.conftest import eventually, one_loop
-from tests.support.procs import alive
+from tests.support.procs import alive, cmdline
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(60)]
 
@@ -59,19 +59,11 @@ def private(tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _escapees(marker: str) -> list[int]:
     return [
         pid
         for pid in find_marked(MARKER_VAR, marker)
-        if any(f"sleep {n}" in _cmdline(pid) for n in (301, 302, 303))
+        if any(f"sleep {n}" in cmdline(pid) for n in (301, 302, 303))
     ]
 
 
@@ -317,8 +309,8 @@ async def test_start_timeout_and_cancelled_launch_remove_the_token(tmp_path: Pat
             int(entry)
             for entry in os.listdir("/proc")
             if entry.isdigit()
-            and f"{tag}-{launch}" in _cmdline(int(entry))
-            and "sleep(60)" in _cmdline(int(entry))
+            and f"{tag}-{launch}" in cmdline(int(entry))
+            and "sleep(60)" in cmdline(int(entry))
         ]
 
     def tokens(workdir: Path) -> list[str]:

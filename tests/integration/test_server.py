@@ -129,18 +129,24 @@ def test_handshake_deadline_closes_silent_connections(execd: RunningExecd) -> No
         assert time.monotonic() - start < 8
 
 
-async def test_oversized_preauth_frame_closes_only_that_connection(
-    execd: RunningExecd, client: ExecdClient
-) -> None:
+def abort_code_for(execd: RunningExecd, sent: bytes) -> int:
+    """The code of the abort execd answers ``sent`` with, on a fresh connection it then closes."""
     with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
-        sock.sendall(struct.pack(">I", 0xFFFFFFFF))
+        sock.sendall(sent)
         reply = b""
         while chunk := sock.recv(4096):
             reply += chunk
-        (length,) = struct.unpack(">I", reply[:4])
-        abort = msgspec.msgpack.decode(reply[4 : 4 + length])
-        assert abort["t"] == "abort"
-        assert abort["code"] == 2
+    (length,) = struct.unpack(">I", reply[:4])
+    abort = msgspec.msgpack.decode(reply[4 : 4 + length])
+    assert abort["t"] == "abort"
+    code: int = abort["code"]
+    return code
+
+
+async def test_oversized_preauth_frame_closes_only_that_connection(
+    execd: RunningExecd, client: ExecdClient
+) -> None:
+    assert abort_code_for(execd, struct.pack(">I", 0xFFFFFFFF)) == 2
     await client.noop()
 
 
@@ -155,15 +161,7 @@ def test_malformed_hello_gets_typed_abort(execd: RunningExecd) -> None:
     ]
     expected = [3, 4, 5, 8]
     for body, code in zip(bodies, expected, strict=True):
-        with socket.create_connection((execd.host, execd.port), timeout=10) as sock:
-            sock.sendall(struct.pack(">I", len(body)) + body)
-            reply = b""
-            while chunk := sock.recv(4096):
-                reply += chunk
-            (length,) = struct.unpack(">I", reply[:4])
-            abort = msgspec.msgpack.decode(reply[4 : 4 + length])
-            assert abort["t"] == "abort"
-            assert abort["code"] == code
+        assert abort_code_for(execd, struct.pack(">I", len(body)) + body) == code
 
 
 async def test_many_calls_in_flight_on_one_connection(client: ExecdClient) -> None:

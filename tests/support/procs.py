@@ -18,6 +18,15 @@ def state(pid: int) -> str | None:
     return raw[raw.rfind(b")") + 2 :].split()[0].decode()
 
 
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, arguments joined by spaces ("" when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
 def children(parent: int, name: str) -> list[int]:
     """Live children of ``parent`` that run the program ``name``."""
     found: list[int] = []
