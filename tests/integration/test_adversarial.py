@@ -120,6 +120,17 @@ async def healthy(daemon: RunningExecd) -> AsyncIterator[ExecdClient]:
         await client.close()
 
 
+async def survives(daemon: RunningExecd, attack: Callable[[], int]) -> int:
+    """Run the blocking ``attack`` while a healthy client holds on; no marked process may be left.
+
+    Returns how many bad inputs the attack tried.
+    """
+    async with healthy(daemon):
+        tried = await asyncio.to_thread(attack)
+    await no_marked(daemon.marker)
+    return tried
+
+
 async def check_healthy(client: ExecdClient) -> None:
     async with asyncio.timeout(20):
         await client.noop()
@@ -409,13 +420,11 @@ async def test_replayed_handshake_transcript(daemon: RunningExecd) -> None:
                 tried += 1
         return tried
 
-    async def main() -> int:
-        async with healthy(daemon):
-            tried = await asyncio.to_thread(attack)
-        await no_marked(daemon.marker)
-        return tried
-
-    report("replayed_handshake", await main(), "AUTH_FAILED on every replay, no call served")
+    report(
+        "replayed_handshake",
+        await survives(daemon, attack),
+        "AUTH_FAILED on every replay, no call served",
+    )
 
 
 async def test_slow_handshake_is_cut_at_the_deadline(daemon: RunningExecd) -> None:
@@ -636,14 +645,12 @@ async def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
                 tried += 1
         return tried
 
-    async def main() -> int:
-        async with healthy(daemon):
-            tried = await asyncio.to_thread(attack)
-        # The duplicate call's sleep was started once, then killed with its connection.
-        await no_marked(daemon.marker)
-        return tried
-
-    report("malformed_messages", await main(), "each closed with its typed abort code")
+    # The duplicate call's sleep was started once, then killed with its connection.
+    report(
+        "malformed_messages",
+        await survives(daemon, attack),
+        "each closed with its typed abort code",
+    )
 
 
 async def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) -> None:
@@ -733,13 +740,11 @@ async def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
                     tried += 1
         return tried
 
-    async def main() -> int:
-        async with healthy(daemon):
-            tried = await asyncio.to_thread(attack)
-        await no_marked(daemon.marker)
-        return tried
-
-    report("tampered_frames", await main(), "DECRYPT_FAILED for flipped, cut, replayed, reordered")
+    report(
+        "tampered_frames",
+        await survives(daemon, attack),
+        "DECRYPT_FAILED for flipped, cut, replayed, reordered",
+    )
 
 
 # -- flow control, memory and abrupt endings -------------------------------------------
