@@ -542,22 +542,21 @@ def test_cleanup_shell_setsid_background(session: Session) -> None:
     run.finish()
 
 
-def test_cleanup_respawning_loop(session: Session) -> None:
-    run = session.reaped("sh", "-c", f"while :; do {SLEEP} 100 & {SLEEP} 0.01; done")
-    # Of the marked processes one scan sees, at most one is transient (the
-    # current "sleep 0.01", which may exit before the cleanup's scan).
-    session.wait_marked(21)
+@pytest.mark.parametrize(
+    ("loop", "seen", "killed"),
+    [
+        # Of the marked processes one scan sees, at most one is transient (the
+        # current "sleep 0.01", which may exit before the cleanup's scan).
+        (f"while :; do {SLEEP} 100 & {SLEEP} 0.01; done", 21, 20),
+        (f"while :; do {SLEEP} 100 & done", 50, 50),
+    ],
+    ids=["respawning", "unthrottled"],
+)
+def test_cleanup_fork_loop(session: Session, loop: str, seen: int, killed: int) -> None:
+    run = session.reaped("sh", "-c", loop)
+    session.wait_marked(seen)
     report = cleanup(VAR, session.marker, timeout=30)
-    _assert_clean(report, session, 20)
-    status, _ = run.finish()
-    assert status == -signal.SIGKILL
-
-
-def test_cleanup_unthrottled_fork_loop(session: Session) -> None:
-    run = session.reaped("sh", "-c", f"while :; do {SLEEP} 100 & done")
-    session.wait_marked(50)
-    report = cleanup(VAR, session.marker, timeout=30)
-    _assert_clean(report, session, 50)
+    _assert_clean(report, session, killed)
     status, _ = run.finish()
     assert status == -signal.SIGKILL
 
