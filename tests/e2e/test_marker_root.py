@@ -21,12 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from execd.marker import child_environment, cleanup, find_marked, new_marker
-from tests.support.worker_env import (
-    WorkerPython,
-    WorkerPythonUnavailable,
-    make_package_dir,
-    prepare,
-)
+from tests.support.worker_env import WorkerPython, worker_python_or_skip
 
 pytestmark = [
     pytest.mark.root,
@@ -116,15 +111,7 @@ class Procs:
 
 @pytest.fixture(scope="module")
 def nobody_python() -> Iterator[WorkerPython]:
-    package_dir = make_package_dir()
-    try:
-        try:
-            worker = prepare(AS_NOBODY, package_dir)
-        except WorkerPythonUnavailable as exc:
-            pytest.skip(str(exc))
-        yield worker
-    finally:
-        shutil.rmtree(package_dir, ignore_errors=True)
+    yield from worker_python_or_skip(AS_NOBODY)
 
 
 @pytest.fixture

@@ -33,9 +33,9 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -54,12 +54,9 @@ from tests.e2e.netns import (
     two_hosts,
 )
 from tests.support.procs import cmdline
-from tests.support.worker_env import (
-    WorkerPython,
-    WorkerPythonUnavailable,
-    make_package_dir,
-    prepare,
-)
+from tests.support.worker_env import WorkerPython, worker_python_or_skip
+
+T = TypeVar("T")
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 MARKER_VAR = "EXECD_MARKER"
@@ -131,26 +128,24 @@ ESCAPE_TAGS = ("3101", "3102", "3103", "3104", "3105", "3106", "3107")
 # -- fixtures ----------------------------------------------------------------------------
 
 
+def available(make: Callable[[], contextlib.AbstractContextManager[T]], what: str) -> Iterator[T]:
+    """A fixture body: what ``make()`` enters, for the module, or its tests skipped."""
+    with contextlib.ExitStack() as stack:
+        try:
+            value = stack.enter_context(make())
+        except HostsUnavailable as exc:
+            pytest.skip(f"{what}: {exc}")
+        yield value
+
+
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[TwoHosts]:
-    stack = contextlib.ExitStack()
-    with stack:
-        try:
-            built = stack.enter_context(two_hosts())
-        except HostsUnavailable as exc:
-            pytest.skip(f"cannot build the two namespaces: {exc}")
-        yield built
+    yield from available(two_hosts, "cannot build the two namespaces")
 
 
 @pytest.fixture(scope="module")
 def worker_user() -> Iterator[SystemUser]:
-    stack = contextlib.ExitStack()
-    with stack:
-        try:
-            user = stack.enter_context(system_user())
-        except HostsUnavailable as exc:
-            pytest.skip(f"cannot create a workspace user: {exc}")
-        yield user
+    yield from available(system_user, "cannot create a workspace user")
 
 
 def run_as(user: SystemUser) -> list[str]:
@@ -160,15 +155,7 @@ def run_as(user: SystemUser) -> list[str]:
 
 @pytest.fixture(scope="module")
 def worker_python(worker_user: SystemUser) -> Iterator[WorkerPython]:
-    package_dir = make_package_dir()
-    try:
-        try:
-            worker = prepare(run_as(worker_user), package_dir)
-        except WorkerPythonUnavailable as exc:
-            pytest.skip(str(exc))
-        yield worker
-    finally:
-        shutil.rmtree(package_dir, ignore_errors=True)
+    yield from worker_python_or_skip(run_as(worker_user))
 
 
 @pytest.fixture

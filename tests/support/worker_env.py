@@ -26,9 +26,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 #: Modules whose imports make up everything execd loads while serving.
 EXECD_MODULES = (
@@ -193,3 +195,19 @@ def prepare(run_as: Sequence[str], package_dir: Path) -> WorkerPython:
     raise WorkerPythonUnavailable(
         "no interpreter the workspace user can run execd with: " + "; ".join(failures)
     )
+
+
+def worker_python_or_skip(run_as: Sequence[str]) -> Iterator[WorkerPython]:
+    r"""A fixture body: a :func:`prepare`\ d interpreter for ``run_as``, or the test skipped.
+
+    The package directory is removed when the fixture ends.
+    """
+    package_dir = make_package_dir()
+    try:
+        try:
+            worker = prepare(run_as, package_dir)
+        except WorkerPythonUnavailable as exc:
+            pytest.skip(str(exc))
+        yield worker
+    finally:
+        shutil.rmtree(package_dir, ignore_errors=True)
