@@ -39,7 +39,7 @@ from harnessd.errors import (
     remote_error,
 )
 from protocol import limits
-from protocol.bridge import FramedProtocol, TransportClosed
+from protocol.bridge import FramedProtocol, InboundStream, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
@@ -173,8 +173,12 @@ class CallHandle:
         self._future = future
 
     def stream(self, name: str) -> AsyncIterator[bytes]:
-        """Iterate the bytes execd sends on stream ``name`` until it ends."""
-        return self._client._iter_stream(self.id, name)
+        """Iterate the bytes execd sends on stream ``name`` until it ends.
+
+        The stream's buffer is bound now rather than at the first iteration:
+        a reply that ends the call before iteration starts must not drop it.
+        """
+        return self._client._iter_stream(self._client._proto.inbound(self.id, name))
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
@@ -322,8 +326,7 @@ class Client:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
 
-    async def _iter_stream(self, call_id: int, name: str) -> AsyncIterator[bytes]:
-        source = self._proto.inbound(call_id, name)
+    async def _iter_stream(self, source: InboundStream) -> AsyncIterator[bytes]:
         while True:
             try:
                 data = await source.read()

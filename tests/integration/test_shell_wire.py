@@ -16,22 +16,13 @@ import pytest
 import harnessd
 from execd.marker import find_marked
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import alive
+from tests.support.procs import wait_gone
 
 
 @pytest.fixture
 def execd(tmp_path: Path) -> Iterator[RunningExecd]:
     with start_execd(tmp_path) as daemon:
         yield daemon
-
-
-def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_one_gib_of_output_streams_with_bounded_memory(execd: RunningExecd) -> None:
@@ -75,7 +66,7 @@ def test_timeout_kills_grandchildren(execd: RunningExecd, tmp_path: Path) -> Non
             assert result.timed_out
 
     asyncio.run(main())
-    assert _wait_gone(int(pidfile.read_text()))
+    assert wait_gone(int(pidfile.read_text()))
 
 
 def test_dropped_connection_kills_its_commands_but_not_detached_ones(
@@ -96,7 +87,7 @@ def test_dropped_connection_kills_its_commands_but_not_detached_ones(
         return detached.command_id
 
     command_id = asyncio.run(first())
-    assert _wait_gone(int(attached_pid.read_text()))
+    assert wait_gone(int(attached_pid.read_text()))
 
     async def second() -> None:
         async with await harnessd.connect(execd.host, execd.port, execd.token) as client:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -77,3 +78,13 @@ def run_python(
         timeout=timeout,
         check=False,
     )
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """Poll until ``pid`` is gone (or a zombie); False if it is still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
