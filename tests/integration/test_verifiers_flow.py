@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
+from tests.support.chat_endpoint import ChatEndpoint
 from tests.support.procs import wait_gone
 
 vf = pytest.importorskip(
@@ -54,67 +53,40 @@ SCRIPT = [
 ]
 
 
-class FakeModel(BaseHTTPRequestHandler):
+class FakeModel(ChatEndpoint):
     """An OpenAI-compatible chat completions endpoint that follows SCRIPT."""
 
-    requests: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeModel.requests.append(
-            {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
-        )
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         seen = [m for m in body["messages"] if m["role"] == "tool"]
         if len(seen) < len(SCRIPT):
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"call-{len(seen)}",
-                        "type": "function",
-                        "function": {
-                            "name": "bash",
-                            "arguments": json.dumps({"command": SCRIPT[len(seen)]}),
-                        },
-                    }
-                ],
+            call = {
+                "id": f"call-{len(seen)}",
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "arguments": json.dumps({"command": SCRIPT[len(seen)]}),
+                },
             }
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish = "tool_calls"
         else:
             message = {"role": "assistant", "content": f"checker said: {seen[-1]['content']}"}
             finish = "stop"
-        reply = {
-            "id": f"chatcmpl-{len(FakeModel.requests)}",
+        return {
+            "id": f"chatcmpl-{len(self.requests)}",
             "object": "chat.completion",
             "created": 0,
             "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
         }
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture
-def fake_model() -> Iterator[str]:
-    FakeModel.requests = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeModel)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+def fake_model() -> Iterator[FakeModel]:
+    server = FakeModel()
+    yield server
+    server.close()
 
 
 class CheckerTask(vf.Task):  # type: ignore[misc]
@@ -142,7 +114,7 @@ class CheckerTask(vf.Task):  # type: ignore[misc]
 
 
 def test_rollout_with_execd_as_the_borrowed_runtime(
-    fake_model: str, monkeypatch: pytest.MonkeyPatch
+    fake_model: FakeModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The model key lives in the harness's environment only.
     monkeypatch.setenv(MODEL_KEY_VAR, MODEL_KEY)
@@ -150,7 +122,7 @@ def test_rollout_with_execd_as_the_borrowed_runtime(
     monkeypatch.setitem(sys.modules, HARNESS_ID.replace("-", "_"), vf_loop)
     config = vf.AgentConfig(
         model="scripted-model",
-        client=vf.EvalClientConfig(base_url=fake_model, api_key_var=MODEL_KEY_VAR),
+        client=vf.EvalClientConfig(base_url=fake_model.base_url, api_key_var=MODEL_KEY_VAR),
         runtime=vf.SubprocessConfig(),
         harness={"id": HARNESS_ID, "python": sys.executable},
     )
@@ -173,9 +145,9 @@ def test_rollout_with_execd_as_the_borrowed_runtime(
     assert trace.agent.runtime.type == "execd" and trace.agent.runtime.borrowed
     assert trace.agent.runtime.id == runtime.info.id
     # Three model calls relayed from the workspace program, each with the harness's key.
-    assert [r["path"] for r in FakeModel.requests] == ["/v1/chat/completions"] * 3
-    assert {r["auth"] for r in FakeModel.requests} == {f"Bearer {MODEL_KEY}"}
-    assert FakeModel.requests[-1]["body"]["messages"][-1]["content"] == "ok 42\n"
+    assert fake_model.paths == ["/v1/chat/completions"] * 3
+    assert fake_model.auth == [f"Bearer {MODEL_KEY}"] * 3
+    assert fake_model.requests[-1]["messages"][-1]["content"] == "ok 42\n"
     # The agent's tools ran under execd (its marker is in their environment); the model key
     # never reached the workspace.
     env = trace.info["agent_env"]
