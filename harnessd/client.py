@@ -29,6 +29,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
+from harnessd import keepalive as keepalive_group
 from harnessd.errors import (
     AuthenticationFailed,
     ConnectFailed,
@@ -217,11 +218,11 @@ class Client:
         self._proto = proto
         self.info = info
         self._ids = itertools.count(1)
-        self._keepalive_task: asyncio.Task[None] | None = None
+        self._keepalive_interval = keepalive or 0.0
+        self._pings = 0
+        self._keepalive: keepalive_group.Membership | None = None
         if keepalive:
-            self._keepalive_task = asyncio.get_running_loop().create_task(
-                self._keepalive(keepalive)
-            )
+            self._keepalive = keepalive_group.join(keepalive, self._keepalive_tick)
 
     # -- core ------------------------------------------------------------------
 
@@ -281,8 +282,8 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
-        if self._keepalive_task is not None:
-            self._keepalive_task.cancel()
+        if self._keepalive is not None:
+            self._keepalive.leave()
         if not self._proto.closed:
             self._proto.abort(
                 ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
@@ -344,23 +345,24 @@ class Client:
         except TransportClosed:
             raise self._proto.lost or ConnectionLost("connection to execd closed") from None
 
-    async def _keepalive(self, interval: float) -> None:
-        seq = 0
+    def _keepalive_tick(self) -> bool:
+        """Ping execd, or give the connection up after three silent intervals; False when done."""
         proto = self._proto
-        while not proto.closed:
-            await asyncio.sleep(interval)
-            if proto.closed:
-                return
-            silent = time.monotonic() - proto.last_received
-            if silent > 3 * interval:
-                proto.abort(
-                    ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
-                    code=ErrorCode.GOING_AWAY,
-                )
-                return
-            seq += 1
-            with contextlib.suppress(TransportClosed, Exception):
-                proto.write(proto.conn.ping(seq))
+        if proto.closed:
+            return False
+        silent = time.monotonic() - proto.last_received
+        if silent > 3 * self._keepalive_interval:
+            proto.abort(
+                ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
+                code=ErrorCode.GOING_AWAY,
+            )
+            return False
+        self._pings += 1
+        try:
+            proto.write(proto.conn.ping(self._pings))
+        except Exception:  # a transport closing under the write: the next tick sees it
+            return not proto.closed
+        return True
 
 
 async def open_connection(
