@@ -289,6 +289,35 @@ class ScriptedModel:
         return msgspec.structs.replace(turn, tool_calls=list(turn.tool_calls))
 
 
+class PacedModel:
+    """Another model, answering each turn only after ``seconds`` (a remote model's latency).
+
+    With ``jitter`` the wait is drawn uniformly from ``seconds * [1 - jitter,
+    1 + jitter]``, so many paced sessions started together drift apart as
+    real ones do. For benchmarks and tests at scale, where what happens
+    between turns matters as much as the turns.
+    """
+
+    def __init__(self, model: Model, seconds: float, *, jitter: float = 0.0) -> None:
+        if seconds < 0 or not 0 <= jitter <= 1:
+            raise ModelConfigError("seconds must be >= 0 and jitter within [0, 1]")
+        self.model = model
+        self.seconds = seconds
+        self.jitter = jitter
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        """The wrapped model's turn, after the pause."""
+        spread = self.seconds * self.jitter
+        await asyncio.sleep(self.seconds + random.uniform(-spread, spread))
+        return await self.model.complete(messages, tools)
+
+
 def _materialise(index: int, turn: _ScriptTurn) -> AssistantTurn:
     calls: list[ToolCall] = []
     for number, call in enumerate(turn.tool_calls, 1):

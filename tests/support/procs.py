@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.agents import processes_mentioning
+
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (or dead)."""
@@ -88,3 +90,10 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+def wait_until_none_mention(tag: str, timeout: float) -> list[str]:
+    """Poll until no process carries ``tag`` in its environment or argv; what is left then."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_mentioning(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

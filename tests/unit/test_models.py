@@ -22,6 +22,7 @@ from harnessd.models import (
     ModelReplyError,
     ModelTransportError,
     OpenAIChatModel,
+    PacedModel,
     ScriptedModel,
     ScriptExhausted,
     ToolCall,
@@ -385,3 +386,24 @@ def test_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         OpenAIChatModel("m", "http://user:pw@example.com/v1", None)
     model = OpenAIChatModel("m", "https://example.com:8443/api/", None)
     assert model.name == "m"
+
+
+def test_paced_model_waits_then_answers_with_the_wrapped_model() -> None:
+    inner = ScriptedModel([{"content": "hi"}, {"content": "again"}], name="inner")
+
+    async def timed(model: PacedModel) -> tuple[str | None, float]:
+        started = asyncio.get_running_loop().time()
+        turn = await model.complete([], [])
+        return turn.content, asyncio.get_running_loop().time() - started
+
+    paced = PacedModel(inner, 0.05)
+    assert paced.name == "inner"
+    content, waited = asyncio.run(timed(paced))
+    assert content == "hi" and waited >= 0.045
+    # With jitter the pause is drawn from [0, 2 x 0.05] s; the turn is still the next one.
+    assert asyncio.run(timed(PacedModel(inner, 0.05, jitter=1.0)))[0] == "again"
+    assert inner.position == 2
+    with pytest.raises(ModelConfigError):
+        PacedModel(inner, -1.0)
+    with pytest.raises(ModelConfigError):
+        PacedModel(inner, 1.0, jitter=2.0)
