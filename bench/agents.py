@@ -15,7 +15,7 @@
    then a read of the file back, a listing and a pipeline, then finishes.
    Every result is checked.
 3. *Close.* Every session is closed at once: marker cleanup (which must kill
-   the background ``sleep``), execd's exit.
+   the background ``sleep``), then execd exits.
 
 Then the whole machine is searched for any process carrying this run's
 marker prefix in its environment or command line: there must be none. The
@@ -86,6 +86,9 @@ class AgentsReport:
     close_wall: float = 0.0
     tool_calls: int = 0
     killed_at_close: int = 0
+    exits_seen: int = 0
+    """Sessions whose close saw execd's exit in its log within its wait (the final
+    process search is what checks that every execd is gone)."""
     leftover: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     rss_peak_kib: int = 0
@@ -233,7 +236,8 @@ async def run_agents(config: AgentsConfig, tmp_dir: str | None = None) -> Agents
         closed: CloseResult = await session.close(keep_log=False)
         report.close_s.append(time.perf_counter() - started)
         report.killed_at_close += closed.killed
-        if not closed.clean or not closed.worker_exited or closed.killed < 1:
+        report.exits_seen += closed.worker_exited
+        if not closed.clean or closed.killed < 1:
             report.problems.append(f"session {n} closed unclean: {closed}")
 
     sessions: list[Session | BaseException] = []
@@ -319,6 +323,7 @@ def print_report(report: AgentsReport) -> None:
     print(f"close:  wall {report.close_wall:.1f} s; per session {spread(report.close_s)}")
     print(
         f"tool calls {report.tool_calls}, processes killed at close {report.killed_at_close}, "
+        f"execd exits seen by close {report.exits_seen}, "
         f"harness peak RSS {report.rss_peak_kib / 1024:.0f} MiB"
     )
     print(f"processes left with the marker prefix: {len(report.leftover)}")
