@@ -220,6 +220,8 @@ class Client:
         self._ids = itertools.count(1)
         self._keepalive_interval = keepalive or 0.0
         self._pings = 0
+        self._unanswered = 0
+        self._heard_at = proto.last_received
         self._keepalive: keepalive_group.Membership | None = None
         if keepalive:
             self._keepalive = keepalive_group.join(keepalive, self._keepalive_tick)
@@ -346,18 +348,29 @@ class Client:
             raise self._proto.lost or ConnectionLost("connection to execd closed") from None
 
     def _keepalive_tick(self) -> bool:
-        """Ping execd, or give the connection up after three silent intervals; False when done."""
+        """Ping execd, or give the connection up; False when done with pings.
+
+        The connection is given up once three pings in a row went unanswered
+        and nothing came from execd for three intervals. Counting pings, not
+        only time, keeps a harness whose event loop was held up for a while
+        (a long synchronous step, a slow machine) from giving up on every
+        connection at once: nothing was asked of execd while it stalled.
+        """
         proto = self._proto
         if proto.closed:
             return False
+        if proto.last_received != self._heard_at:
+            self._heard_at = proto.last_received
+            self._unanswered = 0
         silent = time.monotonic() - proto.last_received
-        if silent > 3 * self._keepalive_interval:
+        if self._unanswered >= 3 and silent > 3 * self._keepalive_interval:
             proto.abort(
                 ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
                 code=ErrorCode.GOING_AWAY,
             )
             return False
         self._pings += 1
+        self._unanswered += 1
         try:
             proto.write(proto.conn.ping(self._pings))
         except Exception:  # a transport closing under the write: the next tick sees it
