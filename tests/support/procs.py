@@ -91,6 +91,7 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
         time.sleep(0.02)
     return False
 
+
 def wait_until_none_mention(tag: str, timeout: float) -> list[str]:
     """Poll until no process carries ``tag`` in its environment or argv; what is left then."""
     deadline = time.monotonic() + timeout
