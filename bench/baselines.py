@@ -40,8 +40,11 @@ def missing_packages() -> list[str]:
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
-async def serve_http(host: str, announce: Callable[[int], None]) -> None:
-    """Run the HTTP server until cancelled; ``announce(port)`` once it listens."""
+async def serve_http(host: str, announce: Callable[[int], None], app: Any = None) -> None:
+    """Run an ASGI ``app`` on uvicorn until cancelled; ``announce(port)`` once it listens.
+
+    ``app`` defaults to the FastAPI baseline (:mod:`bench.http_app`).
+    """
     import socket
 
     import uvicorn
@@ -51,7 +54,8 @@ async def serve_http(host: str, announce: Callable[[int], None]) -> None:
     sock.bind((host, 0))
     sock.listen(1024)
     sock.set_inheritable(True)
-    from bench.http_app import app
+    if app is None:
+        from bench.http_app import app
 
     config = uvicorn.Config(
         app,

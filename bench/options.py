@@ -18,6 +18,8 @@ SECTION_NAMES: Final = (
     "memory",
     "turn",
     "scale",
+
+    "model",
 )
 
 

@@ -23,7 +23,7 @@ from typing import Final
 
 import uvloop
 
-from bench import resources, roundtrip, scale, transfer, turn, workspace
+from bench import model_turn, resources, roundtrip, scale, transfer, turn, workspace
 from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
@@ -85,6 +85,9 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "agents.launch",
     "agents.run",
     "agents.close",
+
+    "model.floor",
+    "model.turn",
 )
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
@@ -97,6 +100,8 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("memory", resources.memory_rows),
     ("turn", turn.run),
     ("scale", scale.run),
+
+    ("model", model_turn.run),
 )
 
 
