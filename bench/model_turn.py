@@ -11,32 +11,51 @@ The conversation is that of a session some way in: the system prompt, the
 task, and :data:`HISTORY_TURNS` earlier turns of two tool calls each with
 results of a few KiB (about 60 KiB of JSON), with every agent tool offered.
 
-Rows: the floor is the same request, already encoded, written on one
-keep-alive connection and its reply read back with nothing decoded -- the
-network and the server's part. ``model.turn`` is ``complete()``; its
-``overhead_ms`` is the gap to the floor, ``cpu_ms`` the bench process's CPU
-time per turn. ``python -m bench --only model`` runs this section alone.
+Rows, over plain HTTP, over HTTPS (a throwaway certificate; real
+endpoints are HTTPS), and over HTTPS through the delay proxy of section 8
+(12.5 ms each way, where every new connection costs round trips): the floor is the same request, already encoded,
+written on one keep-alive connection and its reply read back with nothing
+decoded -- the network's and the server's part. ``model.httpx`` (HTTP only)
+is a bare keep-alive ``httpx`` POST of those bytes: the HTTP library's
+share. ``model.turn`` / ``model.turn_tls`` / ``model.turn_lan`` is ``complete()``; the row's note
+gives its gap to the floor and the bench process's CPU time per turn.
+
+``python -m bench --only model`` runs this section alone. It uses only
+``complete()``, ``wire_messages``/``wire_tools`` and ``aclose()`` when there
+is one, so the same file measures earlier clients too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import tempfile
 import time
-from typing import Final
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
 
 from bench.env import Env
 from bench.report import Row
 from bench.servers import start_server
-from bench.settings import HOST
+from bench.settings import HOST, LAN_DELAY
 from bench.stats import interleaved, summarize
-from harnessd.models import ChatMessage, OpenAIChatModel, ToolCall
+from bench.tls import self_signed
+from harnessd.models import ChatMessage, OpenAIChatModel, ToolCall, wire_messages, wire_tools
 from harnessd.tools import TOOL_SPECS
 
 HISTORY_TURNS: Final = 12
-SECTION: Final = f"9. One model turn's harness-side cost ({HISTORY_TURNS} earlier turns of history)"
+SECTION: Final = (
+    f"9. One model turn's harness-side cost ({HISTORY_TURNS} earlier turns of history, "
+    "canned endpoint on loopback)"
+)
 FULL_SAMPLES: Final = 400
 QUICK_SAMPLES: Final = 20
+LAN_SAMPLES: Final = (40, 3)
+"""Samples through the delay proxy (full run, quick run): each costs at least a round trip."""
 
 
 def history() -> list[ChatMessage]:
@@ -81,9 +100,9 @@ class FloorExchange:
         self.request = b""
 
     @classmethod
-    async def open(cls, port: int, body: bytes) -> FloorExchange:
-        """Connect and pre-encode the POST of ``body``."""
-        reader, writer = await asyncio.open_connection(HOST, port)
+    async def open(cls, port: int, body: bytes, tls: ssl.SSLContext | None) -> FloorExchange:
+        """Connect (TLS when ``tls``) and pre-encode the POST of ``body``."""
+        reader, writer = await asyncio.open_connection(HOST, port, ssl=tls)
         exchange = cls(reader, writer)
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
@@ -111,75 +130,147 @@ class FloorExchange:
 
 def request_body(messages: list[ChatMessage]) -> bytes:
     """The request ``complete()`` sends for ``messages``, encoded once (for the floor)."""
-    from harnessd.models import wire_messages, wire_tools
-
     body = {
         "model": "bench-model",
         "messages": wire_messages(messages),
         "tools": wire_tools(TOOL_SPECS),
         "tool_choice": "auto",
     }
-    return json.dumps(body).encode()
+    return msgspec.json.encode(body)
+
+
+class _Turns:
+    """``complete()`` on one model, timing the CPU it takes."""
+
+    def __init__(self, url: str, tls: ssl.SSLContext | None) -> None:
+        self.model = OpenAIChatModel("bench-model", url, None, max_retries=0, ssl_context=tls)
+        self.messages = history()
+        self.specs = list(TOOL_SPECS)
+        self.cpu: list[float] = []
+
+    async def __call__(self) -> None:
+        started = time.process_time()
+        reply = await self.model.complete(self.messages, self.specs)
+        self.cpu.append(time.process_time() - started)
+        assert len(reply.tool_calls) == 2
+
+    async def close(self) -> None:
+        close: Callable[[], Awaitable[object]] | None = getattr(self.model, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _measure(
+    port: int, tls: ssl.SSLContext | None, samples: int, with_httpx: bool
+) -> dict[str, Any]:
+    """Floor, ``complete()`` and (``with_httpx``) bare httpx, interleaved, on ``port``."""
+    scheme = "https" if tls is not None else "http"
+    body = request_body(history())
+    floor = await FloorExchange.open(port, body, tls)
+    turns = _Turns(f"{scheme}://{HOST}:{port}/v1", tls)
+    approaches: dict[str, Callable[[], Awaitable[object]]] = {"floor": floor, "turn": turns}
+    bare: Any = None
+    if with_httpx:
+        import httpx
+
+        bare = httpx.AsyncClient(timeout=30.0)
+        url = f"{scheme}://{HOST}:{port}/v1/chat/completions"
+        headers = {"Content-Type": "application/json"}
+
+        async def post() -> None:
+            response = await bare.post(url, content=body, headers=headers)
+            assert response.status_code == 200 and response.content
+
+        approaches["httpx"] = post
+    try:
+        timed = await interleaved(
+            approaches, dict.fromkeys(approaches, samples), rounds=min(4, samples), warmup=3
+        )
+    finally:
+        await floor.close()
+        await turns.close()
+        if bare is not None:
+            await bare.aclose()
+    ms = {name: summarize([us / 1000 for us in values]) for name, values in timed.items()}
+    cpu = summarize([seconds * 1000 for seconds in turns.cpu[-samples:]])
+    return {"ms": ms, "cpu": cpu, "kib": len(body) / 1024}
 
 
 async def run(env: Env) -> list[Row]:
-    """The floor and ``complete()``, interleaved, against one canned endpoint."""
+    """The floor, bare httpx and ``complete()``, interleaved, over HTTP then HTTPS."""
     samples = QUICK_SAMPLES if env.settings.quick else FULL_SAMPLES
-    messages = history()
-    specs = list(TOOL_SPECS)
-    async with start_server("chat") as server:
-        port = server.ports["chat"]
-        model = OpenAIChatModel("bench-model", f"http://{HOST}:{port}/v1", None, max_retries=0)
-        floor = await FloorExchange.open(port, request_body(messages))
-        cpu: list[float] = []
+    rows: list[Row] = []
+    lan_samples = LAN_SAMPLES[1] if env.settings.quick else LAN_SAMPLES[0]
+    with tempfile.TemporaryDirectory(prefix="bench-tls-", dir=env.settings.tmp_dir) as scratch:
+        cert, _ = self_signed(Path(scratch))
+        trust = ssl.create_default_context(cafile=str(cert))
+        async with start_server("chat") as server:
+            rows += _rows(await _measure(server.ports["chat"], None, samples, True), "")
+        async with start_server("chat", "--tls-dir", scratch) as server:
+            port = server.ports["chat"]
+            rows += _rows(await _measure(port, trust, samples, False), "_tls")
+            target = f"{HOST}:{port}"
+            async with start_server("proxy", "--target", target, "--delay", repr(LAN_DELAY)) as lan:
+                found = await _measure(lan.ports["proxy"], trust, lan_samples, False)
+            rows += _rows(found, "_lan")
+    return rows
 
-        async def turn() -> None:
-            started = time.process_time()
-            reply = await model.complete(messages, specs)
-            cpu.append(time.process_time() - started)
-            assert len(reply.tool_calls) == 2
 
-        try:
-            timed = await interleaved(
-                {"floor": floor, "turn": turn},
-                {"floor": samples, "turn": samples},
-                rounds=4,
-                warmup=10,
+_HOW: Final = {
+    "": "HTTP",
+    "_tls": "HTTPS",
+    "_lan": f"HTTPS, {LAN_DELAY * 1000:g} ms each way",
+}
+
+
+def _rows(found: dict[str, Any], suffix: str) -> list[Row]:
+    ms, cpu, kib = found["ms"], found["cpu"], found["kib"]
+    how = _HOW[suffix]
+    floor_key = f"model.floor{suffix}"
+    rows = [
+        Row(
+            key=floor_key,
+            section=SECTION,
+            short=f"floor {how}",
+            label=f"{how}: the same {kib:.0f} KiB request pre-encoded, keep-alive, reply not decoded",
+            unit="ms",
+            p50=ms["floor"].p50,
+            p99=ms["floor"].p99,
+            n=ms["floor"].n,
+        )
+    ]
+    if "httpx" in ms:
+        rows.append(
+            Row(
+                key="model.httpx",
+                section=SECTION,
+                short="bare httpx",
+                label=f"{how}: bare httpx keep-alive POST of those bytes, reply read",
+                unit="ms",
+                p50=ms["httpx"].p50,
+                p99=ms["httpx"].p99,
+                n=ms["httpx"].n,
+                baselines=(floor_key,),
             )
-        finally:
-            await floor.close()
-            close = getattr(model, "aclose", None)
-            if close is not None:
-                await close()
-    floor_ms = summarize([us / 1000 for us in timed["floor"]])
-    turn_ms = summarize([us / 1000 for us in timed["turn"]])
-    body_kib = len(request_body(messages)) / 1024
-    cpu_ms = summarize([seconds * 1000 for seconds in cpu[-len(timed["turn"]) :]])
-    base = Row(
-        key="model.floor",
-        section=SECTION,
-        short="floor",
-        label=f"the same {body_kib:.0f} KiB request pre-encoded, keep-alive, reply not decoded",
-        unit="ms",
-        p50=floor_ms.p50,
-        p99=floor_ms.p99,
-        n=floor_ms.n,
+        )
+    turn = ms["turn"]
+    rows.append(
+        Row(
+            key=f"model.turn{suffix}",
+            section=SECTION,
+            short=f"complete() {how}",
+            label=f"{how}: OpenAIChatModel.complete: encode, POST, decode the turn",
+            unit="ms",
+            p50=turn.p50,
+            p99=turn.p99,
+            n=turn.n,
+            baselines=(floor_key, *(("model.httpx",) if "httpx" in ms else ())),
+            note=f"{turn.p50 - ms['floor'].p50:.2f} ms over the floor, {cpu.p50:.2f} ms CPU",
+            extra={
+                "overhead_ms": turn.p50 - ms["floor"].p50,
+                "cpu_ms": cpu.p50,
+                "request_kib": kib,
+            },
+        )
     )
-    row = Row(
-        key="model.turn",
-        section=SECTION,
-        short="complete()",
-        label="OpenAIChatModel.complete: encode, POST, decode the turn",
-        unit="ms",
-        p50=turn_ms.p50,
-        p99=turn_ms.p99,
-        n=turn_ms.n,
-        baselines=("model.floor",),
-        note=f"{turn_ms.p50 - floor_ms.p50:.2f} ms over the floor, {cpu_ms.p50:.2f} ms CPU",
-        extra={
-            "overhead_ms": turn_ms.p50 - floor_ms.p50,
-            "cpu_ms": cpu_ms.p50,
-            "request_kib": body_kib,
-        },
-    )
-    return [base, row]
+    return rows

@@ -8,8 +8,9 @@ or it gets SIGTERM:
   port ``rpc``) and the bulk pipe (:class:`bench.floor.BulkServer`, port
   ``bulk``; file uploads go to DIR);
 * ``http``: FastAPI on uvicorn (port ``http``);
-* ``chat``: a canned chat-completions endpoint on uvicorn (:mod:`bench.chat_app`,
-  port ``chat``);
+* ``chat [--tls-dir DIR]``: a canned chat-completions endpoint on uvicorn
+  (:mod:`bench.chat_app`, port ``chat``; HTTPS with DIR's ``cert.pem`` and
+  ``key.pem``);
 * ``grpc``: grpc.aio generic unary (port ``grpc``);
 * ``proxy --target HOST:PORT --delay SECONDS``: the delay proxy (port ``proxy``).
 
@@ -28,6 +29,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvloop
 
@@ -95,7 +97,12 @@ async def _serve(args: argparse.Namespace) -> None:
     if kind == "chat":
         from bench.chat_app import app
 
-        task = loop.create_task(baselines.serve_http(HOST, announce, app))
+        # Keep-alive connections stay open however long a loaded machine stalls the bench.
+        options: dict[str, Any] = {"timeout_keep_alive": 600}
+        if args.tls_dir:
+            options["ssl_certfile"] = os.path.join(args.tls_dir, "cert.pem")
+            options["ssl_keyfile"] = os.path.join(args.tls_dir, "key.pem")
+        task = loop.create_task(baselines.serve_http(HOST, announce, app, **options))
     else:
         serve = baselines.serve_http if kind == "http" else baselines.serve_grpc
         task = loop.create_task(serve(HOST, announce))
@@ -117,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="HOST:PORT the proxy forwards to")
     parser.add_argument("--delay", type=float, default=0.0125, help="proxy delay each way (s)")
     parser.add_argument("--scratch", help="directory for the raw server's file uploads")
+    parser.add_argument("--tls-dir", help="chat: serve HTTPS with cert.pem and key.pem from here")
     args = parser.parse_args(argv)
     if args.kind == "proxy" and not args.target:
         parser.error("proxy needs --target HOST:PORT")

@@ -87,7 +87,12 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "agents.close",
 
     "model.floor",
+    "model.httpx",
     "model.turn",
+    "model.floor_tls",
+    "model.turn_tls",
+    "model.floor_lan",
+    "model.turn_lan",
 )
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
