@@ -886,7 +886,7 @@ class OpenAIChatModel:
                 max_keepalive_connections=self.max_connections,
                 keepalive_expiry=KEEPALIVE_EXPIRY,
             ),
-            headers={"User-Agent": "harnessd", "Accept": "application/json"},
+            headers={"User-Agent": "harnessd", "Accept": "application/json", **self._headers},
         )
         self._client_loop = loop
         return self._client
@@ -900,7 +900,7 @@ class OpenAIChatModel:
         try:
             async with (
                 asyncio.timeout(self.timeout),
-                client.stream("POST", self.url, content=payload, headers=self._headers) as response,
+                client.stream("POST", self.url, content=payload) as response,
             ):
                 body = await _read_capped(response)
                 return HttpReply(response.status_code, response.headers, body)
