@@ -1,4 +1,4 @@
-"""Section 9: the harness's own cost of one model turn against a local chat-completions endpoint.
+"""Section 11: the harness's own cost of one model turn against a local chat-completions endpoint.
 
 A turn of the agent loop asks the model for its next step:
 :meth:`harnessd.models.OpenAIChatModel.complete` encodes the conversation
@@ -49,7 +49,7 @@ from harnessd.tools import TOOL_SPECS
 
 HISTORY_TURNS: Final = 12
 SECTION: Final = (
-    f"9. One model turn's harness-side cost ({HISTORY_TURNS} earlier turns of history, "
+    f"11. One model turn's harness-side cost ({HISTORY_TURNS} earlier turns of history, "
     "canned endpoint on loopback)"
 )
 FULL_SAMPLES: Final = 400

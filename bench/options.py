@@ -18,7 +18,6 @@ SECTION_NAMES: Final = (
     "memory",
     "turn",
     "scale",
-
     "model",
 )
 

@@ -85,7 +85,6 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "agents.launch",
     "agents.run",
     "agents.close",
-
     "model.floor",
     "model.httpx",
     "model.turn",
@@ -105,7 +104,6 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("memory", resources.memory_rows),
     ("turn", turn.run),
     ("scale", scale.run),
-
     ("model", model_turn.run),
 )
 
