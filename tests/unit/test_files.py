@@ -11,7 +11,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -39,8 +38,7 @@ from execd.errors import (
     StreamError,
     TooLarge,
 )
-from execd.files import FilesCapability, run_blocking, run_interruptible
-from execd.fsops import Interrupted
+from execd.files import FilesCapability
 from protocol.api.files import (
     METHODS,
     ChmodParams,
@@ -184,56 +182,6 @@ def test_schema_bounds_reject_absurd_values() -> None:
     decoded = msgspec.msgpack.decode(encode({"path": "a", "future": 1}), type=ReadParams)
     assert decoded == ReadParams(path="a")
     assert msgspec.msgpack.decode(encode(ReadParams(path="a"))) == {"path": "a"}
-
-
-# -- worker threads and cancellation -------------------------------------------------
-
-
-def test_run_blocking_cancellation_waits_for_the_worker() -> None:
-    async def main() -> None:
-        started, release = threading.Event(), threading.Event()
-        discarded: list[int] = []
-
-        def work() -> int:
-            started.set()
-            release.wait(60)
-            return 7
-
-        task = asyncio.create_task(run_blocking(work, discard=discarded.append))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.sleep(0.2)
-        task.cancel()  # a second cancellation must not cut the wait short either
-        await asyncio.sleep(0.2)
-        assert not task.done(), "cancellation was delivered while the worker still ran"
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert discarded == [7]
-
-    asyncio.run(main())
-
-
-def test_run_interruptible_signals_the_worker() -> None:
-    async def main() -> None:
-        started = threading.Event()
-        seen: list[bool] = []
-
-        def work(cancel: threading.Event) -> None:
-            started.set()
-            seen.append(cancel.wait(60))
-            raise Interrupted
-
-        task = asyncio.create_task(run_interruptible(work))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert seen == [True]
-
-    asyncio.run(main())
 
 
 # -- files.read ----------------------------------------------------------------------
