@@ -17,6 +17,11 @@ task, which is answered with CANCELLED. When the connection closes, every
 task it started is cancelled and the ``on_close`` callbacks registered by
 handlers run (they kill non-detached commands, drop watches, ...).
 
+Every answer fits the client's frame cap: a result that does not fit is
+answered with TOO_LARGE (handlers whose results grow with data fit them
+themselves, see :mod:`execd.fit`), and an error is cut until it fits. Params
+nested too deeply to decode are INVALID_PARAMS, like any other bad params.
+
 The :class:`Server` also keeps the lease: with ``--lease`` set, execd
 shuts down (the path that cleans up by marker) once no authenticated client
 has been heard from for that long -- no authenticated connection at all, or
@@ -41,18 +46,20 @@ import msgspec
 
 from execd.config import Config
 from execd.context import ConnectionLost, Method
-from execd.errors import Cancelled, ExecdError, InvalidParams, UnknownMethod
+from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
 from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
-from protocol.codec import ENCODER, to_raw
+from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
 from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, LocalProtocolError
 from protocol.messages import Abort, Call, Cancel, Error, Event, Reply
 
 log = logging.getLogger("execd.server")
 
 _connection_ids = itertools.count(1)
 _NIL = msgspec.Raw(b"\xc0")
+#: Characters of an error message kept when the whole error does not fit a frame.
+_SHORT_MESSAGE = 256
 
 
 class _CallContext:
@@ -95,8 +102,14 @@ class _CallContext:
 
     async def push_event(self, topic: int, name: str, data: Any) -> None:
         proto = self._proto
+        raw = to_raw(data)
+        if len(raw) + limits.CHUNK_OVERHEAD > proto.conn.peer_max_frame:
+            raise TooLarge(
+                f"event {name!r} of {len(raw)} bytes does not fit the client's frame cap",
+                {"size": len(raw), "limit": proto.conn.peer_max_frame - limits.CHUNK_OVERHEAD},
+            )
         try:
-            proto.write(proto.conn.send(Event(topic=topic, name=name, data=to_raw(data))))
+            proto.write(proto.conn.send(Event(topic=topic, name=name, data=raw)))
             await proto.drain()
         except TransportClosed as exc:
             raise ConnectionLost(str(exc)) from None
@@ -201,8 +214,12 @@ class ServerProtocol(FramedProtocol):
             return
         params: Any
         try:
-            params = self.server.decoder(method).decode(call.params)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            params = decode_payload(self.server.decoder(method), call.params)
+        except msgspec.DecodeError as exc:
+            if isinstance(exc, NestingTooDeep):
+                log.info(
+                    "connection %d: params of %s nested too deeply", self.connection_id, method.name
+                )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
         # Named for the method: a fixed string costs nothing, a numbered name would.
@@ -215,6 +232,7 @@ class ServerProtocol(FramedProtocol):
         try:
             result = await method.handler(params, ctx)
             payload = msgspec.Raw(ENCODER.encode(result))
+            del result  # a large result is held once (as its encoding), not twice
         except asyncio.CancelledError:
             self._tasks.pop(call_id, None)
             if not self.closed:
@@ -233,8 +251,31 @@ class ServerProtocol(FramedProtocol):
             self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
             return
         self._tasks.pop(call_id, None)
-        if not self.closed:
-            self._send_final(Reply(id=call_id, result=payload), call_id)
+        if self.closed:
+            return
+        budget = self.max_result
+        if len(payload) > budget:
+            log.info(
+                "connection %d: result of %s (%d bytes) exceeds the client's frame cap",
+                self.connection_id,
+                method.name,
+                len(payload),
+            )
+            self._answer_error(
+                call_id,
+                TooLarge(
+                    f"the result of {method.name} takes {len(payload)} bytes, more than fit "
+                    f"one reply frame to this client ({budget})",
+                    {"size": len(payload), "limit": budget},
+                ),
+            )
+            return
+        self._send_final(Reply(id=call_id, result=payload), call_id)
+
+    @property
+    def max_result(self) -> int:
+        """Largest encoded result that fits one reply frame to this client."""
+        return self.conn.max_chunk + limits.CHUNK_OVERHEAD - limits.REPLY_OVERHEAD
 
     def _answer_error(self, call_id: int, exc: ExecdError) -> None:
         if self.closed:
@@ -244,17 +285,19 @@ class ServerProtocol(FramedProtocol):
         except (TypeError, msgspec.EncodeError):
             data = _NIL
         message = exc.message[: limits.MAX_ERROR_MESSAGE]
-        self._send_final(Error(id=call_id, code=int(exc.code), message=message, data=data), call_id)
+        code = int(exc.code)
+        if len(message.encode("utf-8", "replace")) + len(data) > self.max_result:
+            # Cut to what a frame takes: the code always gets through.
+            message, data = message[:_SHORT_MESSAGE], _NIL
+        self._send_final(Error(id=call_id, code=code, message=message, data=data), call_id)
 
     def _send_final(self, message: Reply | Error, call_id: int) -> None:
         try:
             frame = self.conn.send(message)
-        except Exception as exc:
+        except LocalProtocolError as exc:
             log.error(
                 "connection %d: cannot send answer to call %d: %s", self.connection_id, call_id, exc
             )
-            if isinstance(message, Reply):
-                self._answer_error(call_id, ExecdError("result too large for one frame"))
             return
         self.drop_streams(call_id)
         transport = self.transport
@@ -270,8 +313,10 @@ class Server:
         self.token = token
         self.methods = methods
         self.pid = os.getpid()
-        self._unauthenticated: set[ServerProtocol] = set()
+        # Insertion-ordered: the oldest unauthenticated connection comes first.
+        self._unauthenticated: dict[ServerProtocol, None] = {}
         self._authenticated: set[ServerProtocol] = set()
+
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
@@ -310,17 +355,17 @@ class Server:
         if total >= lim.max_connections or len(self._unauthenticated) >= lim.max_unauthenticated:
             log.warning("connection limit reached; refusing a connection")
             return False
-        self._unauthenticated.add(proto)
+        self._unauthenticated[proto] = None
         return True
 
     def authenticated(self, proto: ServerProtocol) -> None:
         """A connection finished its handshake."""
-        self._unauthenticated.discard(proto)
+        self._unauthenticated.pop(proto, None)
         self._authenticated.add(proto)
 
     def release(self, proto: ServerProtocol) -> None:
         """A connection closed."""
-        self._unauthenticated.discard(proto)
+        self._unauthenticated.pop(proto, None)
         if proto in self._authenticated:
             self._authenticated.discard(proto)
             if not self._authenticated:
@@ -372,7 +417,7 @@ class Server:
             self._lease_timer.cancel()
         if self._server is not None:
             self._server.close()
-        for proto in list(self._unauthenticated | self._authenticated):
+        for proto in [*self._unauthenticated, *self._authenticated]:
             proto.abort(None, code=ErrorCode.GOING_AWAY)
         if self._background:
             await asyncio.wait(list(self._background), timeout=10)

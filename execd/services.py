@@ -47,6 +47,7 @@ import re
 import secrets
 import shlex
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Coroutine, Iterable, Mapping
@@ -63,11 +64,13 @@ from execd.errors import (
     LimitExceeded,
     NoSuchService,
     NotReady,
+    NotSupported,
     ServiceExists,
     ServiceFailed,
     ShuttingDown,
     from_oserror,
 )
+from execd.fit import encoded_size, ensure_fits, fit_list, result_budget
 from protocol.api import services as api
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,10 @@ _LINE_CAP = 64 * 1024
 _SWEEP_TIMEOUT = 5.0
 _MAX_ATTEMPT_CONNECT = 2.0
 _LIVE = frozenset({"starting", "running", "backoff"})
+#: Room for what a service's info may gain while it runs (pid, times, exit, an error).
+_INFO_SPARE = 512
+#: Room for the fields of a result beside its list or its data.
+_RESULT_FIELDS = 64
 
 
 # -- helpers shared with the sessions capability ----------------------------------
@@ -173,7 +180,16 @@ class _LogFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _LOG_MODE)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+        fd = os.open(path, flags, _LOG_MODE)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotSupported(f"a service log must be a regular file: {path}", {"path": path})
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
         self.error: str | None = None
@@ -778,6 +794,11 @@ class ServicesCapability:
         self._check_open()
         sub_marker = secrets.token_hex(16)
         spec = self._spec(params, sub_marker)
+        # Refused before anything starts if the reply could not carry the service's info.
+        provisional = api.ServiceInfo(
+            name=params.name, state="starting", title=spec.title, log_path=spec.log_path
+        )
+        ensure_fits(provisional, ctx, f"the info of service {params.name!r}", spare=_INFO_SPARE)
         existing = self._services.get(params.name)
         if existing is not None:
             if existing.live or existing.lock.locked():
@@ -806,6 +827,7 @@ class ServicesCapability:
         """``services.restart``: stop, then start again with the same parameters."""
         self._check_open()
         rec = self._get(params.name)
+        ensure_fits(rec.info(), ctx, f"the info of service {rec.name!r}", spare=_INFO_SPARE)
         await self._stop(rec, signal.SIGTERM, self._limits.kill_grace)
         async with rec.lock:
             if self._services.get(params.name) is not rec or rec.live:
@@ -823,12 +845,15 @@ class ServicesCapability:
         return self._get(params.name).info()
 
     async def services_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
-        """``services.list``: every remembered service."""
-        return api.ListResult(services=[rec.info() for rec in self._services.values()])
+        """``services.list``: every remembered service (as many as fit the reply)."""
+        infos = [rec.info() for rec in self._services.values()]
+        services, truncated = fit_list(infos, result_budget(ctx) - _RESULT_FIELDS)
+        return api.ListResult(services=services, truncated=truncated)
 
     async def services_stop(self, params: api.StopParams, ctx: CallContext) -> api.ServiceInfo:
         """``services.stop``: signal, grace, SIGKILL of the group, sweep; the final state."""
         rec = self._get(params.name)
+        ensure_fits(rec.info(), ctx, f"the info of service {rec.name!r}", spare=_INFO_SPARE)
         grace = self._limits.kill_grace if params.grace is None else params.grace
         return await self._stop(rec, params.signal, grace)
 
@@ -855,6 +880,14 @@ class ServicesCapability:
             end = size
         if params.follow:
             return await self._follow(rec, start, ctx)
+        # At most what fits the reply: the newest bytes of a tail, the first of a range.
+        room = result_budget(ctx) - encoded_size(api.LogsResult(start=start, end=end, size=size))
+        room -= _RESULT_FIELDS
+        if end - start > room:
+            if params.offset is None:
+                start = end - max(room, 0)
+            else:
+                end = start + max(room, 0)
         data = log_file.pread(start, end - start)
         return api.LogsResult(start=start, end=start + len(data), size=size, data=data)
 

@@ -53,9 +53,11 @@ from execd.errors import (
     NoSuchWatch,
     OperationTimeout,
     ShuttingDown,
+    TooLarge,
     WatchLimit,
     from_oserror,
 )
+from execd.fit import encoded_size, fit_list, result_budget
 from execd.inotify import (
     IN_ATTRIB,
     IN_CLOSE_WRITE,
@@ -90,6 +92,8 @@ _STRUCTURAL: Final = frozenset({"created", "deleted", "moved"})
 _GONE_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR})
 _ABSENT_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 _STOP_GRACE: Final = 5.0
+#: Room for the fields of a subscribe result beside its list of unwatched paths.
+_RESULT_FIELDS: Final = 64
 _WALK_YIELD_EVERY: Final = 64
 
 _ACTIVE: Final = "active"
@@ -644,11 +648,20 @@ class _Subscription:
             await asyncio.sleep(0)  # let the subscribe reply go first
             while True:
                 item = await self._next()
-                await self._ctx.push_event(topic=self.watch_id, name=item.kind, data=item.event)
+                try:
+                    await self._ctx.push_event(topic=self.watch_id, name=item.kind, data=item.event)
+                except TooLarge:
+                    # Paths too long for the client's frame cap: say that events were lost.
+                    lost = WatchEvent(
+                        path=self.root, is_dir=self._root_is_dir, source="frame", dropped=1
+                    )
+                    await self._ctx.push_event(topic=self.watch_id, name="overflow", data=lost)
                 if item.kind == "ended":
                     break
         except ConnectionLost:
             pass
+        except TooLarge:
+            log.warning("watch %d: events do not fit the client's frame cap; ended", self.watch_id)
         except Exception:
             log.exception("watch %d: pushing events failed", self.watch_id)
         finally:
@@ -836,12 +849,12 @@ class WatchCapability:
                 raise ShuttingDown("execd is shutting down")
             raise Cancelled("the connection closed while the watch was being set up")
         sub.start()
-        return SubscribeResult(
-            watch_id=watch_id,
-            watched=sub.watched,
-            unwatched=sub.unwatched,
-            unwatched_count=sub.unwatched_count,
-        )
+        result = SubscribeResult(watch_id=watch_id, watched=sub.watched)
+        # Unwatched paths are named as far as the reply has room; the count is whole.
+        room = result_budget(ctx) - encoded_size(result) - _RESULT_FIELDS
+        result.unwatched, _ = fit_list(sub.unwatched, room)
+        result.unwatched_count = sub.unwatched_count
+        return result
 
     async def unsubscribe(self, params: UnsubscribeParams, ctx: CallContext) -> UnsubscribeResult:
         """End a subscription of this connection."""

@@ -197,3 +197,5 @@ class ListResult(_Message):
     """Every session, in open order."""
 
     sessions: list[SessionInfo]
+    #: Set when more remained than fit one reply frame to the client (the first are listed).
+    truncated: bool = False

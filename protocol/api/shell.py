@@ -207,6 +207,8 @@ class ListResult(_Message):
     """Every detached command the daemon remembers, oldest first."""
 
     commands: list[CommandInfo]
+    #: Set when more remained than fit one reply frame to the client (the first are listed).
+    truncated: bool = False
 
 
 class StatusParams(_Message):
