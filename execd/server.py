@@ -5,9 +5,14 @@ Theory of operation
 Each accepted socket gets a :class:`ServerProtocol` (an asyncio protocol over
 :class:`~protocol.connection.ServerConnection`). Until the handshake completes
 the connection counts as unauthenticated: it must finish within
-``Limits.handshake_timeout`` and only ``Limits.max_unauthenticated`` may be
-pending at once; past either bound it is closed and everyone else is served
-as before.
+``Limits.handshake_timeout``, and at most ``Limits.max_unauthenticated`` are
+pending at once. A newcomer that finds those slots (or all
+``Limits.max_connections``) taken is not refused while unauthenticated
+connections hold them: the oldest of those is shed instead (one that has
+sent nothing yet first), with CONNECTION_LIMIT, so idle or slow peers can
+delay a real client by a handshake at most, never lock it out. Since
+unauthenticated connections never hold more than their own slots, the rest
+stay free for authenticated ones.
 
 Every Call becomes one asyncio task running the handler from the dispatch
 table. The handler's return value becomes the Reply; an
@@ -60,6 +65,8 @@ _connection_ids = itertools.count(1)
 _NIL = msgspec.Raw(b"\xc0")
 #: Characters of an error message kept when the whole error does not fit a frame.
 _SHORT_MESSAGE = 256
+#: Seconds between two log lines about shed connections.
+_SHED_LOG_INTERVAL = 5.0
 
 
 class _CallContext:
@@ -136,6 +143,7 @@ class ServerProtocol(FramedProtocol):
         self.server = server
         self.connection_id = next(_connection_ids)
         self.authenticated = False
+        self.connected_at = time.monotonic()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._close_callbacks: list[Callable[[], Awaitable[None] | None]] = []
         self._deadline: asyncio.TimerHandle | None = None
@@ -316,6 +324,8 @@ class Server:
         # Insertion-ordered: the oldest unauthenticated connection comes first.
         self._unauthenticated: dict[ServerProtocol, None] = {}
         self._authenticated: set[ServerProtocol] = set()
+        self._shed_count = 0
+        self._shed_logged = -_SHED_LOG_INTERVAL
 
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
@@ -349,14 +359,42 @@ class Server:
         self._arm_lease()
 
     def admit(self, proto: ServerProtocol) -> bool:
-        """Count a new connection in; False when a limit says no."""
+        """Count a new connection in, shedding an unauthenticated one if need be.
+
+        False only when every slot is held by an authenticated connection.
+        """
         lim = self.config.limits
-        total = len(self._unauthenticated) + len(self._authenticated)
-        if total >= lim.max_connections or len(self._unauthenticated) >= lim.max_unauthenticated:
-            log.warning("connection limit reached; refusing a connection")
+        unauthenticated = self._unauthenticated
+        while unauthenticated and (
+            len(unauthenticated) >= lim.max_unauthenticated
+            or len(unauthenticated) + len(self._authenticated) >= lim.max_connections
+        ):
+            self._shed(self._oldest_unauthenticated())
+        if len(self._authenticated) >= lim.max_connections:
+            log.warning("connection limit reached (%d authenticated)", len(self._authenticated))
             return False
-        self._unauthenticated[proto] = None
+        unauthenticated[proto] = None
         return True
+
+    def _oldest_unauthenticated(self) -> ServerProtocol:
+        """The oldest connection that has sent nothing yet, else the oldest of all."""
+        for proto in self._unauthenticated:
+            if proto.last_received <= proto.connected_at:
+                return proto
+        return next(iter(self._unauthenticated))
+
+    def _shed(self, proto: ServerProtocol) -> None:
+        self._unauthenticated.pop(proto, None)
+        self._shed_count += 1
+        now = time.monotonic()
+        if now - self._shed_logged >= _SHED_LOG_INTERVAL:
+            log.warning(
+                "unauthenticated connections at their limit (%d): shed %d oldest so far",
+                self.config.limits.max_unauthenticated,
+                self._shed_count,
+            )
+            self._shed_logged = now
+        proto.abort(None, code=ErrorCode.CONNECTION_LIMIT)
 
     def authenticated(self, proto: ServerProtocol) -> None:
         """A connection finished its handshake."""
