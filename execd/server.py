@@ -52,6 +52,7 @@ import msgspec
 from execd.config import Config
 from execd.context import ConnectionLost, Method
 from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
+from execd.memory import Trimmer
 from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
@@ -236,6 +237,12 @@ class ServerProtocol(FramedProtocol):
         )
 
     async def _run(self, call_id: int, method: Method, params: Any) -> None:
+        try:
+            await self._serve(call_id, method, params)
+        finally:
+            self.server.trimmer.activity()
+
+    async def _serve(self, call_id: int, method: Method, params: Any) -> None:
         ctx = _CallContext(self, call_id)
         try:
             result = await method.handler(params, ctx)
@@ -326,7 +333,7 @@ class Server:
         self._authenticated: set[ServerProtocol] = set()
         self._shed_count = 0
         self._shed_logged = -_SHED_LOG_INTERVAL
-
+        self.trimmer = Trimmer()
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
@@ -356,6 +363,7 @@ class Server:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        self.trimmer.start()
         self._arm_lease()
 
     def admit(self, proto: ServerProtocol) -> bool:
@@ -453,6 +461,7 @@ class Server:
         """Stop listening, drop every connection, wait for background work."""
         if self._lease_timer is not None:
             self._lease_timer.cancel()
+        self.trimmer.stop()
         if self._server is not None:
             self._server.close()
         for proto in [*self._unauthenticated, *self._authenticated]:
