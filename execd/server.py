@@ -39,6 +39,7 @@ moment the lease would run out, checks it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import logging
@@ -207,6 +208,9 @@ class ServerProtocol(FramedProtocol):
             task = self._tasks.get(event.id)
             if task is not None:
                 task.cancel()
+                # A task cancelled before its first step never runs its handler's
+                # except clauses (a Cancel right behind its Call): answer for it.
+                task.add_done_callback(functools.partial(self._cancelled, event.id))
         elif isinstance(event, HandshakeComplete):
             self.authenticated = True
             if self._deadline is not None:
@@ -215,6 +219,12 @@ class ServerProtocol(FramedProtocol):
             self.server.authenticated(self)
         elif isinstance(event, Abort):
             self.abort(None)
+
+    def _cancelled(self, call_id: int, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(call_id) is task:
+            del self._tasks[call_id]
+            if not self.closed:
+                self._answer_error(call_id, Cancelled(f"{task.get_name()} was cancelled"))
 
     def _start_call(self, call: Call) -> None:
         method = self.server.methods.get(call.method)
