@@ -95,6 +95,19 @@ def test_nesting_near_the_limit_decodes_or_is_invalid_message() -> None:
             pass
 
 
+def test_five_hundred_levels_decode_on_a_server_connection() -> None:
+    # PROTOCOL.md promises at least 500 levels, also in an unknown field before auth.
+    server = ServerConnection(TOKEN, max_frame=limits.DEFAULT_MAX_FRAME, window=1 << 20)
+    body = with_field(hello(), "extra", nested(500))
+    server.receive_data(frame_header(len(body)) + body)
+    assert server.data_to_send(), "no Challenge for a Hello nested 500 levels deep"
+    value = decode_payload(msgspec.msgpack.Decoder(Any), nested(500))
+    for _ in range(500):
+        assert isinstance(value, list)
+        value = value[0]
+    assert value is None
+
+
 def test_call_too_deep_to_inspect_is_invalid_message() -> None:
     body = encode_message(Call(id=7, method="m", params=msgspec.Raw(nested(WALK_BUDGET + 10))))
     with pytest.raises(InvalidMessage):
