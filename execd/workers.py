@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -55,6 +54,9 @@ MAX_THREADS: Final = 256
 IDLE_TIMEOUT: Final = 30.0
 
 
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
 class _Lane:
     """Units of one connection in the pool, and callers waiting for room."""
 
@@ -78,7 +80,7 @@ class WorkerPool:
         self._per_lane = per_lane
         self._max_threads = max_threads
         self._idle_timeout = idle_timeout
-        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]]
+        self._jobs: queue.SimpleQueue[_Job]
         self._lanes: dict[Hashable, _Lane] = {}
         self._reset()
         _POOLS.add(self)
@@ -123,13 +125,13 @@ class WorkerPool:
                 raise
         entry.running += 1
         loop = asyncio.get_running_loop()
-        inner: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        inner.add_done_callback(functools.partial(_call_in_loop, loop, self._unit_done, lane))
-        self._jobs.put((inner, fn))
+        future: asyncio.Future[_T] = loop.create_future()
+        future.add_done_callback(functools.partial(self._unit_done, lane))
+        self._jobs.put((loop, future, fn))
         self._add_thread_if_needed()
-        return asyncio.wrap_future(inner, loop=loop)
+        return future
 
-    def _unit_done(self, lane: Hashable) -> None:
+    def _unit_done(self, lane: Hashable, _: object) -> None:
         entry = self._lanes.get(lane)
         if entry is None:
             return
@@ -171,22 +173,29 @@ class WorkerPool:
                         self._threads -= 1
                     return
                 continue
-            future, fn = job
+            loop, future, fn = job
             del job
-            if not future.set_running_or_notify_cancel():
-                self._idle.release()
-                continue
+            result: Any = None
+            error: BaseException | None = None
             try:
                 result = fn()
             except BaseException as exc:
-                # Idle before the caller hears of it, so its next unit reuses this thread.
-                self._idle.release()
-                future.set_exception(exc)
-            else:
-                self._idle.release()
-                future.set_result(result)
-                del result  # an idle thread holds no block of data
-            del future, fn
+                error = exc
+            # Idle before the caller hears of it, so its next unit reuses this thread.
+            self._idle.release()
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
+                loop.call_soon_threadsafe(_resolve, future, result, error)
+            # An idle thread holds no block of data.
+            del loop, future, fn, result, error
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
@@ -198,13 +207,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-def _call_in_loop(
-    loop: asyncio.AbstractEventLoop, callback: Callable[[Hashable], None], lane: Hashable, _: Any
-) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to account for
-        loop.call_soon_threadsafe(callback, lane)
 
 
 class Work:
