@@ -10,7 +10,10 @@ Two glibc calls prevent that:
 * :func:`tune` fixes the mmap threshold at :data:`MMAP_THRESHOLD` (which also
   stops glibc from raising it): buffers from that size up are mapped and
   returned on free; smaller ones (a 1 MiB file block, a stream chunk) keep
-  being recycled from the heap as before.
+  being recycled from the heap as before. It also fixes the trim threshold
+  at twice that, as glibc does when it moves the mmap threshold itself: a
+  smaller one would give the top of the heap back after nearly every burst
+  and fault it in again on the next.
 * :class:`Trimmer` calls ``malloc_trim(0)`` a moment after activity stops, when
   the resident set has grown well past what it was at start. That returns the
   free pages of every arena (worker threads allocate from arenas of their
@@ -29,9 +32,13 @@ from typing import Final
 
 log = logging.getLogger(__name__)
 
+_M_TRIM_THRESHOLD: Final = -1
 _M_MMAP_THRESHOLD: Final = -3
 #: Buffers of this size and up are mapped on their own and unmapped when freed.
 MMAP_THRESHOLD: Final = 4 * 1024 * 1024
+#: Free memory at the top of the heap that free() leaves in place (glibc pairs twice the
+#: mmap threshold with it once it adjusts that itself): trimming is the Trimmer's job.
+TRIM_THRESHOLD: Final = 2 * MMAP_THRESHOLD
 #: Growth of the resident set over its starting size that makes a trim worthwhile.
 TRIM_SLACK: Final = 8 * 1024 * 1024
 #: Seconds after the latest activity at which the trim check runs.
@@ -55,7 +62,8 @@ def tune() -> bool:
     """Fix glibc's mmap threshold (see the module docstring); False without glibc."""
     if _LIBC is None:
         return False
-    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    fixed = _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    return bool(fixed and _LIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def trim() -> bool:
