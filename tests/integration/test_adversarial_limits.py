@@ -625,6 +625,15 @@ def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Pa
                     assert caught.value.code == ErrorCode.NOT_SUPPORTED, caught.value
                 # The FIFO is still a FIFO: the atomic writes did not replace it.
                 assert fifo.is_fifo()
+                # Nor does a service's log open wait on it (that open runs in the loop).
+                with pytest.raises(errors.RemoteError) as caught:
+                    async with asyncio.timeout(20):
+                        await hostile.call(
+                            "services.start",
+                            {"name": "fifo-log", "command": "sleep 300", "log": str(fifo)},
+                        )
+                assert caught.value.code == ErrorCode.NOT_SUPPORTED
+                assert not marked_matching(daemon.marker, "sleep 300")
                 # A cancel is answered (here: by the refusal already on its way).
                 handle = hostile.start("files.write", {"path": str(fifo), "data": b"y"})
                 handle.cancel()
@@ -632,7 +641,7 @@ def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Pa
                     async with asyncio.timeout(20):
                         await handle.result()
                 assert caught.value.code in (ErrorCode.CANCELLED, ErrorCode.NOT_SUPPORTED)
-                return len(writes) + len(reads) + 1
+                return len(writes) + len(reads) + 2
             finally:
                 await hostile.close()
 

@@ -509,6 +509,28 @@ def test_write_through_symlink_updates_the_link_target(tmp_path: Path) -> None:
     assert leftovers(tmp_path, {"real.txt", "link.txt"}) == set()
 
 
+def test_write_refuses_special_files_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ctx = LocalContext()
+    for atomic in (False, True):
+        # A FIFO without a reader: the open must not wait for one.
+        error = fails(
+            NotSupported, CAP.write(WriteParams(path=str(fifo), data=b"x", atomic=atomic), ctx)
+        )
+        assert error.data == {"path": str(fifo)}
+        streamed = WriteParams(path=str(fifo), stream=True, atomic=atomic)
+        fails(NotSupported, CAP.write(streamed, LocalContext()))
+        assert fifo.is_fifo(), "the FIFO was replaced"
+    # A device: neither written through nor replaced by a rename.
+    before = os.stat("/dev/null")
+    for atomic in (False, True):
+        fails(NotSupported, CAP.write(WriteParams(path="/dev/null", data=b"x", atomic=atomic), ctx))
+    after = os.stat("/dev/null")
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert leftovers(tmp_path, {"fifo"}) == set()
+
+
 def test_write_errors(tmp_path: Path) -> None:
     ctx = LocalContext()
     (tmp_path / "dir").mkdir()
