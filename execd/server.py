@@ -248,36 +248,36 @@ class ServerProtocol(FramedProtocol):
 
     async def _run(self, call_id: int, method: Method, params: Any) -> None:
         try:
-            await self._serve(call_id, method, params)
-        finally:
-            self.server.trimmer.activity()
-
-    async def _serve(self, call_id: int, method: Method, params: Any) -> None:
-        ctx = _CallContext(self, call_id)
-        try:
-            result = await method.handler(params, ctx)
-            payload = msgspec.Raw(ENCODER.encode(result))
-            del result  # a large result is held once (as its encoding), not twice
-        except asyncio.CancelledError:
+            ctx = _CallContext(self, call_id)
+            try:
+                result = await method.handler(params, ctx)
+                payload = msgspec.Raw(ENCODER.encode(result))
+                del result  # a large result is held once (as its encoding), not twice
+            except asyncio.CancelledError:
+                self._tasks.pop(call_id, None)
+                if not self.closed:
+                    self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
+                raise
+            except ExecdError as exc:
+                self._tasks.pop(call_id, None)
+                self._answer_error(call_id, exc)
+                return
+            except ConnectionLost:
+                self._tasks.pop(call_id, None)
+                return
+            except Exception:
+                self._tasks.pop(call_id, None)
+                log.exception("connection %d: %s failed", self.connection_id, method.name)
+                self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
+                return
             self._tasks.pop(call_id, None)
             if not self.closed:
-                self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
-            raise
-        except ExecdError as exc:
-            self._tasks.pop(call_id, None)
-            self._answer_error(call_id, exc)
-            return
-        except ConnectionLost:
-            self._tasks.pop(call_id, None)
-            return
-        except Exception:
-            self._tasks.pop(call_id, None)
-            log.exception("connection %d: %s failed", self.connection_id, method.name)
-            self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
-            return
-        self._tasks.pop(call_id, None)
-        if self.closed:
-            return
+                self._reply(call_id, method, payload)
+        finally:
+            # Large buffers the call held are free now: look at the heap in a moment.
+            self.server.trimmer.activity()
+
+    def _reply(self, call_id: int, method: Method, payload: msgspec.Raw) -> None:
         budget = self.max_result
         if len(payload) > budget:
             log.info(
