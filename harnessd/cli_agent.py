@@ -216,7 +216,7 @@ class _Ready:
     """What ``run`` checked and opened before anything was started."""
 
     model: OpenAIChatModel
-    token: str | None
+    token: bytes | None
     trace: Trace
     progress: Progress | None
 
@@ -324,7 +324,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
         trace.close()
 
 
-def _token(path: str | None) -> str:
+def _token(path: str | None) -> bytes:
     try:
         return read_token(path)
     except ValueError as exc:

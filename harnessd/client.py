@@ -322,7 +322,7 @@ class Client:
         if isinstance(answer, Error):
             data: Any = None
             with contextlib.suppress(msgspec.DecodeError):
-                data = msgspec.msgpack.decode(answer.data)
+                data = from_raw(answer.data, Any)
             raise remote_error(answer.code, answer.message, data)
         try:
             return from_raw(answer.result, type)
