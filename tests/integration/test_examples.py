@@ -105,3 +105,18 @@ def test_ray_rollouts(tmp_path: Path) -> None:
     }
     assert len(tags) == 1, done.stdout
     assert wait_until_none_mention(tags.pop(), 15.0) == []
+
+
+@pytest.mark.timeout(120)
+def test_verifiers_runtime(tmp_path: Path) -> None:
+    """The README's verifiers example: files, a command, a background server, a capped read."""
+    pytest.importorskip(
+        "verifiers", reason="the verifiers extra is not installed (pip install -e '.[verifiers]')"
+    )
+    done = run_example("verifiers_runtime.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == (
+        "capped read: read 'task/answer.txt': over the 1 byte limit\nverifiers runtime: ok\n"
+    )
+    # stop() took the background server with it.
+    assert wait_until_none_mention("echo ready; sleep 600", 10.0) == []
