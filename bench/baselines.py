@@ -40,8 +40,14 @@ def missing_packages() -> list[str]:
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
-async def serve_http(host: str, announce: Callable[[int], None]) -> None:
-    """Run the HTTP server until cancelled; ``announce(port)`` once it listens."""
+async def serve_http(
+    host: str, announce: Callable[[int], None], app: Any = None, **options: Any
+) -> None:
+    """Run an ASGI ``app`` on uvicorn until cancelled; ``announce(port)`` once it listens.
+
+    ``app`` defaults to the FastAPI baseline (:mod:`bench.http_app`); ``options``
+    go to ``uvicorn.Config`` (``ssl_certfile``, ``ssl_keyfile``, ...).
+    """
     import socket
 
     import uvicorn
@@ -51,7 +57,8 @@ async def serve_http(host: str, announce: Callable[[int], None]) -> None:
     sock.bind((host, 0))
     sock.listen(1024)
     sock.set_inheritable(True)
-    from bench.http_app import app
+    if app is None:
+        from bench.http_app import app
 
     config = uvicorn.Config(
         app,
@@ -60,6 +67,7 @@ async def serve_http(host: str, announce: Callable[[int], None]) -> None:
         access_log=False,
         log_level="warning",
         lifespan="off",
+        **options,
     )
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

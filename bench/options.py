@@ -8,7 +8,18 @@ from typing import Final
 
 DEFAULT_OUT: Final = Path("bench-results")
 """Relative, so under the directory the bench runs in (never inside an installed package)."""
-SECTION_NAMES: Final = ("roundtrip", "shell", "files", "watch", "start", "ledger", "memory", "turn")
+SECTION_NAMES: Final = (
+    "roundtrip",
+    "shell",
+    "files",
+    "watch",
+    "start",
+    "ledger",
+    "memory",
+    "turn",
+    "scale",
+    "model",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

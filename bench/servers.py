@@ -8,6 +8,9 @@ or it gets SIGTERM:
   port ``rpc``) and the bulk pipe (:class:`bench.floor.BulkServer`, port
   ``bulk``; file uploads go to DIR);
 * ``http``: FastAPI on uvicorn (port ``http``);
+* ``chat [--tls-dir DIR]``: a canned chat-completions endpoint on uvicorn
+  (:mod:`bench.chat_app`, port ``chat``; HTTPS with DIR's ``cert.pem`` and
+  ``key.pem``);
 * ``grpc``: grpc.aio generic unary (port ``grpc``);
 * ``proxy --target HOST:PORT --delay SECONDS``: the delay proxy (port ``proxy``).
 
@@ -26,6 +29,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvloop
 
@@ -87,8 +91,21 @@ async def _serve(args: argparse.Namespace) -> None:
         return
     from bench import baselines
 
-    serve = baselines.serve_http if kind == "http" else baselines.serve_grpc
-    task = loop.create_task(serve(HOST, lambda port: _announce({kind: port})))
+    def announce(port: int) -> None:
+        _announce({kind: port})
+
+    if kind == "chat":
+        from bench.chat_app import app
+
+        # Keep-alive connections stay open however long a loaded machine stalls the bench.
+        options: dict[str, Any] = {"timeout_keep_alive": 600}
+        if args.tls_dir:
+            options["ssl_certfile"] = os.path.join(args.tls_dir, "cert.pem")
+            options["ssl_keyfile"] = os.path.join(args.tls_dir, "key.pem")
+        task = loop.create_task(baselines.serve_http(HOST, announce, app, **options))
+    else:
+        serve = baselines.serve_http if kind == "http" else baselines.serve_grpc
+        task = loop.create_task(serve(HOST, announce))
     stopper = loop.create_task(_until_stopped())
     await asyncio.wait([task, stopper], return_when=asyncio.FIRST_COMPLETED)
     if task.done():
@@ -103,10 +120,11 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m bench.servers``."""
     parser = argparse.ArgumentParser(prog="python -m bench.servers", description=__doc__)
-    parser.add_argument("kind", choices=("raw", "http", "grpc", "proxy"))
+    parser.add_argument("kind", choices=("raw", "http", "grpc", "chat", "proxy"))
     parser.add_argument("--target", help="HOST:PORT the proxy forwards to")
     parser.add_argument("--delay", type=float, default=0.0125, help="proxy delay each way (s)")
     parser.add_argument("--scratch", help="directory for the raw server's file uploads")
+    parser.add_argument("--tls-dir", help="chat: serve HTTPS with cert.pem and key.pem from here")
     args = parser.parse_args(argv)
     if args.kind == "proxy" and not args.target:
         parser.error("proxy needs --target HOST:PORT")

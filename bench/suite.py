@@ -23,7 +23,7 @@ from typing import Final
 
 import uvloop
 
-from bench import resources, roundtrip, transfer, turn, workspace
+from bench import model_turn, resources, roundtrip, scale, transfer, turn, workspace
 from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
@@ -72,6 +72,26 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "turn.round_trip",
     "turn.sequential",
     "turn.concurrent",
+    "scale.connect",
+    "scale.rss",
+    "scale.fds",
+    "scale.cpu_one",
+    "scale.cpu_many",
+    "scale.latency_single",
+    "scale.open_low",
+    "scale.open_mid",
+    "scale.open_high",
+    "scale.keepalive",
+    "agents.launch",
+    "agents.run",
+    "agents.close",
+    "model.floor",
+    "model.httpx",
+    "model.turn",
+    "model.floor_tls",
+    "model.turn_tls",
+    "model.floor_lan",
+    "model.turn_lan",
 )
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
@@ -83,6 +103,8 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("ledger", resources.ledger_rows),
     ("memory", resources.memory_rows),
     ("turn", turn.run),
+    ("scale", scale.run),
+    ("model", model_turn.run),
 )
 
 
@@ -129,6 +151,8 @@ async def run_suite(
         "baseline's rate.",
         "execd, the floor, HTTP and gRPC servers each run in their own process; clients run "
         "in the bench process on uvloop.",
+        "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
+        "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]
     return Report(
         rows=rows,

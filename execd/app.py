@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method
+from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
 from execd.server import Server
 from protocol import limits
@@ -130,6 +131,8 @@ class Execd:
 
     async def session_close(self, params: CloseParams, ctx: CallContext) -> CloseReport:
         report = await self.cleanup(params.timeout)
+        # Survivors are listed as far as the reply has room for them.
+        report.remaining, _ = fit_list(report.remaining, result_budget(ctx) - 64)
         if params.shutdown:
             asyncio.get_running_loop().call_soon(self.server.stopping.set)
         return report

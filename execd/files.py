@@ -4,13 +4,23 @@ Paths: a relative path resolves against execd's current working directory,
 exactly as the operating system resolves it; execd does not confine paths to a
 root (it runs with the workspace user's own rights).
 
-Blocking work: every filesystem call runs in a worker thread, one bounded unit
-at a time (a block of at most :data:`execd.fsops.BLOCK` bytes for content, one
-metadata operation, or one listing bounded by its limit), so a large file never
-stalls the event loop and memory stays bounded by a few blocks whatever the
-file size. When a call is cancelled, the handler first waits for the unit in
-flight to finish (long units notice a cancel event and stop early), then
-releases its descriptors and temporaries, then lets the cancellation through.
+Blocking work: every filesystem call runs in a worker thread of the
+capability's own :class:`~execd.workers.WorkerPool`, one bounded unit at a
+time (a block of at most :data:`execd.fsops.BLOCK` bytes for content, one
+metadata operation, or one listing bounded by its limit), so a large file
+never stalls the event loop and memory stays bounded by a few blocks whatever
+the file size. Each connection has a bounded share of the pool's threads, so
+work that hangs (a dead network filesystem) stalls only the connection that
+asked for it. Opening never waits: files are opened non-blocking and only
+regular files are read or written (a FIFO or a device is NOT_SUPPORTED).
+
+Cancellation: a cancelled call waits briefly for the unit in flight (long
+units notice a cancel event and stop early); the cancel is answered at the
+latest :data:`execd.workers.CANCEL_GRACE` seconds later even if the unit
+still runs. Descriptors and temporaries are released once no unit of the call
+runs any more (:meth:`execd.workers.Work.release`). A unit that was still
+running when the cancel was answered is not undone: a write's final rename
+may still land.
 
 Errors: every ``OSError`` becomes the typed error of its errno
 (:func:`execd.errors.from_oserror`).
@@ -18,19 +28,18 @@ Errors: every ``OSError`` becomes the typed error of its errno
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
 import os
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Iterator
 
 from execd import fsops
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
+from execd.fit import result_budget
+from execd.workers import Work, WorkerPool
 from protocol.api import files as api
 from protocol.api.files import (
     DATA_STREAM,
@@ -54,8 +63,6 @@ from protocol.api.files import (
     WriteResult,
 )
 
-_T = TypeVar("_T")
-
 REPLY_OVERHEAD = 1024
 """Room kept in a reply frame for everything but inline file content."""
 
@@ -63,54 +70,8 @@ LIST_OVERHEAD = 4096
 """Room kept in a reply frame for everything but the list entries."""
 
 
-async def _settle(future: asyncio.Future[_T]) -> None:
-    """Wait until ``future`` is done, riding out further cancellations."""
-    while not future.done():
-        try:
-            await asyncio.wait([future])
-        except asyncio.CancelledError:
-            continue
-    if not future.cancelled():
-        future.exception()
-
-
-async def _in_thread(
-    fn: Callable[[], _T],
-    *,
-    on_cancel: Callable[[], None] | None = None,
-    discard: Callable[[_T], object] | None = None,
-) -> _T:
-    future = asyncio.get_running_loop().run_in_executor(None, fn)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        if on_cancel is not None:
-            on_cancel()
-        await _settle(future)
-        if discard is not None and not future.cancelled() and future.exception() is None:
-            discard(future.result())
-        raise
-
-
-async def run_blocking(
-    fn: Callable[[], _T], *, discard: Callable[[_T], object] | None = None
-) -> _T:
-    """Run ``fn`` in a worker thread and return its result.
-
-    If the awaiting task is cancelled, the cancellation is delivered only after
-    ``fn`` has finished (so descriptors it uses stay valid), and ``discard`` is
-    applied to a result that arrived for nobody.
-    """
-    return await _in_thread(fn, discard=discard)
-
-
-async def run_interruptible(fn: Callable[[threading.Event], _T]) -> _T:
-    """Like :func:`run_blocking` for long work that polls a cancel event.
-
-    On cancellation the event is set, so ``fn`` stops at its next check.
-    """
-    cancel = threading.Event()
-    return await _in_thread(functools.partial(fn, cancel), on_cancel=cancel.set)
+def _close_opened(opened: tuple[int, object]) -> None:
+    os.close(opened[0])
 
 
 @contextlib.contextmanager
@@ -162,11 +123,12 @@ async def _close_stream(stream: AsyncIterator[bytes]) -> None:
 class FilesCapability:
     """Handlers of the ``files.*`` methods."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, pool: WorkerPool | None = None) -> None:
         self._config = config
+        self._pool = pool if pool is not None else WorkerPool()
 
     async def close(self) -> None:
-        """Nothing to release: every call cleans up after itself."""
+        """Nothing to wait for: every call releases what it holds (see the module docstring)."""
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
@@ -182,30 +144,34 @@ class FilesCapability:
             Method(api.SHA256, Sha256Params, self.sha256),
         ]
 
+    def _work(self, ctx: CallContext) -> Work:
+        """The blocking units of one call, in its connection's share of the pool."""
+        return Work(self._pool, ctx.connection_id)
+
     # -- read ----------------------------------------------------------------------
 
     async def read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
         """Read a byte range of a regular file, inline or on the ``data`` stream.
 
-        The content is inline in the result when it fits one reply frame and
-        streaming was not requested; otherwise it is sent on the ``data``
-        stream in blocks (waiting for flow-control credit), ended with an empty
-        final chunk. If the file turns out longer than its size said (it grew,
-        or it is a pseudo-file), an inline read switches to streaming.
+        The content is inline in the result when it fits one reply frame
+        (at most ``max_chunk - REPLY_OVERHEAD`` bytes) and streaming was not
+        requested; otherwise it is sent on the ``data`` stream in blocks
+        (waiting for flow-control credit), ended with an empty final chunk. If
+        the file turns out longer than its size said (it grew, or it is a
+        pseudo-file), an inline read switches to streaming.
         """
         path = fsops.check_path(params.path)
-        with _typed_errors(path):
-            fd, info = await run_blocking(
-                functools.partial(fsops.open_for_read, path), discard=lambda r: os.close(r[0])
-            )
-        try:
+        async with self._work(ctx) as work:
             with _typed_errors(path):
-                return await self._read_range(fd, info.st_size, params, ctx)
-        finally:
-            os.close(fd)
+                fd, info = await work.run(
+                    functools.partial(fsops.open_for_read, path), discard=_close_opened
+                )
+            work.release(os.close, fd)
+            with _typed_errors(path):
+                return await self._read_range(work, fd, info.st_size, params, ctx)
 
     async def _read_range(
-        self, fd: int, size: int, params: ReadParams, ctx: CallContext
+        self, work: Work, fd: int, size: int, params: ReadParams, ctx: CallContext
     ) -> ReadResult:
         available = max(size - params.offset, 0)
         expected = available if params.length is None else min(params.length, available)
@@ -227,7 +193,7 @@ class FilesCapability:
                 want = min(want, params.length - total)
             if want <= 0:
                 break
-            block, at_end = await run_blocking(
+            block, at_end = await work.run(
                 functools.partial(_read_unit, fd, want, position, hasher)
             )
             if not block:
@@ -265,7 +231,7 @@ class FilesCapability:
     # -- write ---------------------------------------------------------------------
 
     async def write(self, params: WriteParams, ctx: CallContext) -> WriteResult:
-        """Write inline ``data`` or the client's ``data`` stream to a file.
+        """Write inline ``data`` or the client's ``data`` stream to a regular file.
 
         Atomic mode (the default) never leaves a torn target: the content goes
         to a temporary file beside it that is renamed over it only once all
@@ -294,43 +260,39 @@ class FilesCapability:
             create_parents=params.create_parents,
             checksum=params.checksum,
         )
-        committed = False
-        try:
+        async with self._work(ctx) as work:
+            # Once committed this does nothing; otherwise it removes the temporary.
+            work.release(sink.abort)
             with _typed_errors(path):
                 if params.data is not None and len(params.data) <= fsops.BLOCK:
                     # Small content: open, write and commit in one trip to a thread.
-                    await run_blocking(
+                    await work.run(
                         functools.partial(_write_whole, sink, params.data, params.expected_size)
                     )
-                    committed = True
                     return WriteResult(
                         size=sink.size, sha256=sink.hexdigest() if params.checksum else None
                     )
-                await run_blocking(sink.open)
+                await work.run(sink.open)
                 if params.expected_size is not None:
-                    await run_blocking(functools.partial(sink.preallocate, params.expected_size))
+                    await work.run(functools.partial(sink.preallocate, params.expected_size))
                 if params.data is not None:
                     view = memoryview(params.data)
                     for start in range(0, len(view), fsops.BLOCK):
                         block = view[start : start + fsops.BLOCK]
-                        await run_blocking(functools.partial(sink.write, block))
+                        await work.run(functools.partial(sink.write, block))
                 else:
-                    await self._write_stream(sink, params.expected_size, ctx)
+                    await self._write_stream(work, sink, params.expected_size, ctx)
                 if params.expected_size is not None and sink.size != params.expected_size:
                     raise StreamError(
                         f"stream carried {sink.size} bytes, expected_size is "
                         f"{params.expected_size}",
                         {"expected_size": params.expected_size, "received": sink.size},
                     )
-                await run_blocking(sink.commit)
-                committed = True
-        finally:
-            if not committed:
-                sink.abort()
+                await work.run(sink.commit)
         return WriteResult(size=sink.size, sha256=sink.hexdigest() if params.checksum else None)
 
     async def _write_stream(
-        self, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext
+        self, work: Work, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext
     ) -> None:
         stream = ctx.receive(DATA_STREAM)
         pending = bytearray()
@@ -345,26 +307,27 @@ class FilesCapability:
                     )
                 if not pending and len(chunk) >= fsops.BLOCK:
                     # A whole block already: write it as it is, without a copy.
-                    await run_blocking(functools.partial(sink.write, chunk))
+                    await work.run(functools.partial(sink.write, chunk))
                     continue
                 pending += chunk
                 if len(pending) >= fsops.BLOCK:
                     block, pending = pending, bytearray()
-                    await run_blocking(functools.partial(sink.write, block))
+                    await work.run(functools.partial(sink.write, block))
         finally:
             await _close_stream(stream)
         if pending:
-            await run_blocking(functools.partial(sink.write, pending))
+            await work.run(functools.partial(sink.write, pending))
 
     # -- metadata ------------------------------------------------------------------
 
     async def stat(self, params: StatParams, ctx: CallContext) -> StatResult:
         """Type, size, permission bits, mtime, owner and link target of a path."""
         path = fsops.check_path(params.path)
-        with _typed_errors(path):
-            return await run_blocking(
-                functools.partial(fsops.stat_path, path, params.follow_symlinks)
-            )
+        async with self._work(ctx) as work:
+            with _typed_errors(path):
+                return await work.run(
+                    functools.partial(fsops.stat_path, path, params.follow_symlinks)
+                )
 
     async def list(self, params: ListParams, ctx: CallContext) -> ListResult:
         """List a directory, optionally recursively, without following symlinks.
@@ -376,73 +339,75 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         ceiling = self._config.limits.max_list_entries
         limit = ceiling if params.limit is None else min(params.limit, ceiling)
-        budget = max(ctx.max_chunk - LIST_OVERHEAD, ctx.max_chunk // 2)
-        with _typed_errors(path):
-            return await run_interruptible(
-                functools.partial(
-                    fsops.list_directory,
-                    path,
-                    recursive=params.recursive,
-                    limit=limit,
-                    include_hidden=params.include_hidden,
-                    byte_budget=budget,
+        budget = max(result_budget(ctx) - LIST_OVERHEAD, result_budget(ctx) // 2)
+        async with self._work(ctx) as work:
+            with _typed_errors(path):
+                return await work.run_interruptible(
+                    functools.partial(
+                        fsops.list_directory,
+                        path,
+                        recursive=params.recursive,
+                        limit=limit,
+                        include_hidden=params.include_hidden,
+                        byte_budget=budget,
+                    )
                 )
-            )
 
     async def mkdir(self, params: MkdirParams, ctx: CallContext) -> MkdirResult:
         """Create a directory; ``created`` is false if it already existed."""
         path = fsops.check_path(params.path)
-        with _typed_errors(path):
-            created = await run_blocking(
-                functools.partial(
-                    fsops.make_directory, path, params.parents, params.exist_ok, params.mode
+        async with self._work(ctx) as work:
+            with _typed_errors(path):
+                created = await work.run(
+                    functools.partial(
+                        fsops.make_directory, path, params.parents, params.exist_ok, params.mode
+                    )
                 )
-            )
         return MkdirResult(created=created)
 
     async def remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
         """Remove a path; a non-empty directory needs ``recursive`` (else NotEmpty)."""
         path = fsops.check_path(params.path)
-        with _typed_errors():
-            removed = await run_blocking(
-                functools.partial(fsops.remove_path, path, params.recursive, params.missing_ok)
-            )
+        async with self._work(ctx) as work:
+            with _typed_errors():
+                removed = await work.run(
+                    functools.partial(fsops.remove_path, path, params.recursive, params.missing_ok)
+                )
         return RemoveResult(removed=removed)
 
     async def move(self, params: MoveParams, ctx: CallContext) -> MoveResult:
         """Rename ``src`` to ``dst``, copying across filesystems (see ``fsops.move_path``)."""
         src = fsops.check_path(params.src)
         dst = fsops.check_path(params.dst)
-        with _typed_errors():
-            copied = await run_interruptible(
-                functools.partial(fsops.move_path, src, dst, params.overwrite)
-            )
+        async with self._work(ctx) as work:
+            with _typed_errors():
+                copied = await work.run_interruptible(
+                    functools.partial(fsops.move_path, src, dst, params.overwrite)
+                )
         return MoveResult(copied=copied)
 
     async def chmod(self, params: ChmodParams, ctx: CallContext) -> ChmodResult:
         """Set the permission bits of a path."""
         path = fsops.check_path(params.path)
-        with _typed_errors(path):
-            mode = await run_blocking(functools.partial(fsops.change_mode, path, params.mode))
+        async with self._work(ctx) as work:
+            with _typed_errors(path):
+                mode = await work.run(functools.partial(fsops.change_mode, path, params.mode))
         return ChmodResult(mode=mode)
 
     async def sha256(self, params: Sha256Params, ctx: CallContext) -> Sha256Result:
         """SHA-256 of a regular file's content, hashed block by block."""
         path = fsops.check_path(params.path)
-        with _typed_errors(path):
-            fd, _ = await run_blocking(
-                functools.partial(fsops.open_for_read, path), discard=lambda r: os.close(r[0])
-            )
-            try:
-                hasher = hashlib.sha256()
-                total = 0
+        hasher = hashlib.sha256()
+        total = 0
+        async with self._work(ctx) as work:
+            with _typed_errors(path):
+                fd, _ = await work.run(
+                    functools.partial(fsops.open_for_read, path), discard=_close_opened
+                )
+                work.release(os.close, fd)
                 while True:
-                    count = await run_blocking(
-                        functools.partial(fsops.hash_block, fd, total, hasher)
-                    )
+                    count = await work.run(functools.partial(fsops.hash_block, fd, total, hasher))
                     if count == 0:
                         break
                     total += count
-            finally:
-                os.close(fd)
         return Sha256Result(sha256=hasher.hexdigest(), size=total)

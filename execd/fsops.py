@@ -166,6 +166,38 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _not_regular(path: str) -> NotSupported:
+    return NotSupported(f"not a regular file: {path}", {"path": path})
+
+
+def _open_regular_for_write(path: str, *, append: bool) -> int:
+    """Open (creating) a regular file for writing, without ever waiting.
+
+    ``O_NONBLOCK`` makes the open of a FIFO without a reader fail at once
+    (ENXIO) instead of hanging; any non-regular file is refused before a
+    byte is written. The flag is cleared again for the regular file.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise _not_regular(path) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise _error(errno.EISDIR, path)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class FileSink:
     """Destination of the bytes of one ``files.write``.
 
@@ -183,6 +215,10 @@ class FileSink:
       before the rename, so a failure at any point leaves it as it was.
     * Plain mode: ``open`` opens the target itself, truncating it, or for
       appending. ``commit`` closes it. A failure leaves what was written.
+
+    Only regular files are written: an existing target that is a FIFO, a
+    device or a socket raises NotSupported (in plain mode the open is
+    non-blocking, so a FIFO without a reader cannot hang it).
     """
 
     def __init__(
@@ -224,9 +260,7 @@ class FileSink:
             if parent:
                 os.makedirs(parent, exist_ok=True)
         if not self._atomic:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY
-            flags |= os.O_APPEND if self._append else os.O_TRUNC
-            self._fd = os.open(self._path, flags, 0o666)
+            self._fd = _open_regular_for_write(self._path, append=self._append)
             if self._mode is not None:
                 os.fchmod(self._fd, self._mode)
             return
@@ -239,6 +273,8 @@ class FileSink:
         if old is not None:
             if stat.S_ISDIR(old.st_mode):
                 raise _error(errno.EISDIR, self._path)
+            if not stat.S_ISREG(old.st_mode):
+                raise _not_regular(self._path)
             self._owner = (old.st_uid, old.st_gid)
             if self._final_mode is None:
                 self._final_mode = stat.S_IMODE(old.st_mode)
@@ -403,7 +439,8 @@ def list_directory(
 
     Symlinks are reported, never followed, so recursion cannot loop. The
     listing is also cut (``truncated``) before its estimated encoded size
-    exceeds ``byte_budget``.
+    exceeds ``byte_budget``; names of unreadable subdirectories count against
+    the budget too (those beyond it are not named).
     """
     stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = [("", iter(_sorted_entries(path)))]
     entries: list[ListEntry] = []
@@ -447,8 +484,10 @@ def list_directory(
             try:
                 children = _sorted_entries(entry.path)
             except OSError:
-                if len(unreadable) < MAX_UNREADABLE:
+                cost = len(relative.encode()) + 8
+                if len(unreadable) < MAX_UNREADABLE and spent + cost <= byte_budget:
                     unreadable.append(relative)
+                    spent += cost
                 continue
             stack.append((relative + "/", iter(children)))
     return ListResult(entries=entries, unreadable=unreadable, skipped=skipped)

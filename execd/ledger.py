@@ -33,6 +33,7 @@ from typing import ParamSpec, TypeVar
 from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import EntryTooLarge, ShuttingDown, from_oserror
+from execd.fit import fit_list, result_budget
 from execd.ledger_store import (
     DATA_SUFFIX,
     Head,
@@ -57,6 +58,9 @@ __all__ = ["LedgerCapability", "LedgerStore", "ReadOutcome"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+_LIST_FIELDS = 32
+"""Room for the fields of a list result beside its sessions."""
 
 READ_PIECE = 1 << 20
 """Bytes read from disk (and handed to the stream) at a time by ``ledger.read``."""
@@ -341,4 +345,6 @@ class LedgerCapability:
         """``ledger.list``."""
         heads, truncated = await self.store.sessions()
         sessions = [LedgerInfo(session=name, seq=h.seq, hash=h.hash) for name, h in heads]
-        return ListResult(sessions=sessions, truncated=truncated)
+        # As many as fit the reply frame: ``truncated`` tells the client there are more.
+        sessions, cut = fit_list(sessions, result_budget(ctx) - _LIST_FIELDS)
+        return ListResult(sessions=sessions, truncated=truncated or cut)

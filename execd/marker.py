@@ -587,11 +587,16 @@ def _cli_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="give up after this many seconds (default 5)",
     )
+    parser.add_argument(
+        "--uid",
+        type=int,
+        help="clean up the marked processes of this user (default: this process's; needs root)",
+    )
     return parser
 
 
 def cleanup_main(argv: list[str] | None = None) -> int:
-    """``execd cleanup --marker ID [--marker-var NAME] [--timeout S]``.
+    """``execd cleanup --marker ID [--marker-var NAME] [--timeout S] [--uid UID]``.
 
     Prints one JSON line ``{"event": "cleanup", "killed": N, "remaining": [...],
     "rounds": N}``. Returns 0 when no marked process remains, 1 when some do
@@ -611,10 +616,12 @@ def cleanup_main(argv: list[str] | None = None) -> int:
         timeout: float = args.timeout
         if not (math.isfinite(timeout) and 0 <= timeout <= _MAX_CLI_TIMEOUT):
             parser.error(f"--timeout: must be between 0 and {_MAX_CLI_TIMEOUT:g} seconds")
+        if args.uid is not None and args.uid < 0:
+            parser.error("--uid: must not be negative")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        report = cleanup(args.marker_var, args.marker, timeout=timeout)
+        report = cleanup(args.marker_var, args.marker, timeout=timeout, uid=args.uid)
     except (OSError, RuntimeError) as exc:
         print(f"execd cleanup: error: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,10 @@ capacity that receives a few bytes holds a few bytes.
   resume from it and learn how many bytes it lost off the ring.
 * :class:`HeadTailBuffer` keeps the first half of its cap verbatim and the
   last half in a ring; what falls in between is counted in ``dropped``.
+  :func:`cut` applies the same rule to a capture after the fact, with a
+  smaller cap, and :func:`fit_pair` shares one byte budget between two
+  captures, so that a command's collected stdout and stderr always fit the
+  reply that carries them.
 """
 
 from __future__ import annotations
@@ -161,8 +165,59 @@ class HeadTailBuffer:
         if len(view):
             self._tail.write(view)
 
+    def __len__(self) -> int:
+        return len(self._head) + len(self._tail)
+
     def getvalue(self) -> bytes:
         """Head then tail; the ``dropped`` bytes between them are gone."""
         if not len(self._tail):
             return bytes(self._head)
         return bytes(self._head) + self._tail.getvalue()
+
+    def take(self) -> tuple[bytes, int]:
+        """:meth:`getvalue` and :attr:`dropped`, releasing the buffers (the capture is emptied)."""
+        value, dropped = self.getvalue(), self.dropped
+        self._head = bytearray()
+        self._tail = ByteRing(self._tail.capacity)
+        return value, dropped
+
+
+Capture = tuple[bytes, int]
+"""A captured stream as a result carries it: the bytes kept, and how many were dropped."""
+
+
+def cut(capture: Capture, limit: int) -> Capture:
+    """``capture`` cut to at most ``limit`` bytes, by the rule of :class:`HeadTailBuffer`.
+
+    As if the cap had been ``limit``: the first ``limit // 2`` bytes, then
+    the last ``limit - limit // 2``, the bytes between them counted as
+    dropped. Whenever bytes were dropped, the head is therefore the first
+    half (rounded down) of what is kept, as before the cut.
+    """
+    value, dropped = capture
+    limit = max(limit, 0)
+    if len(value) <= limit:
+        return capture
+    keep_head = limit // 2
+    keep_tail = limit - keep_head
+    with memoryview(value) as view:
+        kept = bytes(view[:keep_head]) + bytes(view[len(value) - keep_tail :])
+    return kept, dropped + len(value) - limit
+
+
+def fit_pair(first: Capture, second: Capture, budget: int) -> tuple[Capture, Capture]:
+    """Cut two captures (see :func:`cut`) to ``budget`` bytes together.
+
+    When both do not fit, each gets half the budget, and a capture smaller
+    than its half leaves the rest to the other.
+    """
+    budget = max(budget, 0)
+    one, two = len(first[0]), len(second[0])
+    if one + two <= budget:
+        return first, second
+    half = budget // 2
+    if one <= half:
+        return first, cut(second, budget - one)
+    if two <= budget - half:
+        return cut(first, budget - two), second
+    return cut(first, half), cut(second, budget - half)

@@ -5,9 +5,14 @@ Theory of operation
 Each accepted socket gets a :class:`ServerProtocol` (an asyncio protocol over
 :class:`~protocol.connection.ServerConnection`). Until the handshake completes
 the connection counts as unauthenticated: it must finish within
-``Limits.handshake_timeout`` and only ``Limits.max_unauthenticated`` may be
-pending at once; past either bound it is closed and everyone else is served
-as before.
+``Limits.handshake_timeout``, and at most ``Limits.max_unauthenticated`` are
+pending at once. A newcomer that finds those slots (or all
+``Limits.max_connections``) taken is not refused while unauthenticated
+connections hold them: the oldest of those is shed instead (one that has
+sent nothing yet first), with CONNECTION_LIMIT, so idle or slow peers can
+delay a real client by a handshake at most, never lock it out. Since
+unauthenticated connections never hold more than their own slots, the rest
+stay free for authenticated ones.
 
 Every Call becomes one asyncio task running the handler from the dispatch
 table. The handler's return value becomes the Reply; an
@@ -16,6 +21,11 @@ other exception is logged and answered with INTERNAL. A Cancel cancels the
 task, which is answered with CANCELLED. When the connection closes, every
 task it started is cancelled and the ``on_close`` callbacks registered by
 handlers run (they kill non-detached commands, drop watches, ...).
+
+Every answer fits the client's frame cap: a result that does not fit is
+answered with TOO_LARGE (handlers whose results grow with data fit them
+themselves, see :mod:`execd.fit`), and an error is cut until it fits. Params
+nested too deeply to decode are INVALID_PARAMS, like any other bad params.
 
 The :class:`Server` also keeps the lease: with ``--lease`` set, execd
 shuts down (the path that cleans up by marker) once no authenticated client
@@ -29,6 +39,7 @@ moment the lease would run out, checks it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import logging
@@ -41,18 +52,23 @@ import msgspec
 
 from execd.config import Config
 from execd.context import ConnectionLost, Method
-from execd.errors import Cancelled, ExecdError, InvalidParams, UnknownMethod
+from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
+from execd.memory import Trimmer
 from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
-from protocol.codec import ENCODER, to_raw
+from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
 from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, LocalProtocolError
 from protocol.messages import Abort, Call, Cancel, Error, Event, Reply
 
 log = logging.getLogger("execd.server")
 
 _connection_ids = itertools.count(1)
 _NIL = msgspec.Raw(b"\xc0")
+#: Characters of an error message kept when the whole error does not fit a frame.
+_SHORT_MESSAGE = 256
+#: Seconds between two log lines about shed connections.
+_SHED_LOG_INTERVAL = 5.0
 
 
 class _CallContext:
@@ -95,8 +111,14 @@ class _CallContext:
 
     async def push_event(self, topic: int, name: str, data: Any) -> None:
         proto = self._proto
+        raw = to_raw(data)
+        if len(raw) + limits.CHUNK_OVERHEAD > proto.conn.peer_max_frame:
+            raise TooLarge(
+                f"event {name!r} of {len(raw)} bytes does not fit the client's frame cap",
+                {"size": len(raw), "limit": proto.conn.peer_max_frame - limits.CHUNK_OVERHEAD},
+            )
         try:
-            proto.write(proto.conn.send(Event(topic=topic, name=name, data=to_raw(data))))
+            proto.write(proto.conn.send(Event(topic=topic, name=name, data=raw)))
             await proto.drain()
         except TransportClosed as exc:
             raise ConnectionLost(str(exc)) from None
@@ -123,6 +145,7 @@ class ServerProtocol(FramedProtocol):
         self.server = server
         self.connection_id = next(_connection_ids)
         self.authenticated = False
+        self.connected_at = time.monotonic()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._close_callbacks: list[Callable[[], Awaitable[None] | None]] = []
         self._deadline: asyncio.TimerHandle | None = None
@@ -185,6 +208,9 @@ class ServerProtocol(FramedProtocol):
             task = self._tasks.get(event.id)
             if task is not None:
                 task.cancel()
+                # A task cancelled before its first step never runs its handler's
+                # except clauses (a Cancel right behind its Call): answer for it.
+                task.add_done_callback(functools.partial(self._cancelled, event.id))
         elif isinstance(event, HandshakeComplete):
             self.authenticated = True
             if self._deadline is not None:
@@ -194,6 +220,12 @@ class ServerProtocol(FramedProtocol):
         elif isinstance(event, Abort):
             self.abort(None)
 
+    def _cancelled(self, call_id: int, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(call_id) is task:
+            del self._tasks[call_id]
+            if not self.closed:
+                self._answer_error(call_id, Cancelled(f"{task.get_name()} was cancelled"))
+
     def _start_call(self, call: Call) -> None:
         method = self.server.methods.get(call.method)
         if method is None:
@@ -201,8 +233,12 @@ class ServerProtocol(FramedProtocol):
             return
         params: Any
         try:
-            params = self.server.decoder(method).decode(call.params)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            params = decode_payload(self.server.decoder(method), call.params)
+        except msgspec.DecodeError as exc:
+            if isinstance(exc, NestingTooDeep):
+                log.info(
+                    "connection %d: params of %s nested too deeply", self.connection_id, method.name
+                )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
         # Named for the method: a fixed string costs nothing, a numbered name would.
@@ -211,30 +247,60 @@ class ServerProtocol(FramedProtocol):
         )
 
     async def _run(self, call_id: int, method: Method, params: Any) -> None:
-        ctx = _CallContext(self, call_id)
         try:
-            result = await method.handler(params, ctx)
-            payload = msgspec.Raw(ENCODER.encode(result))
-        except asyncio.CancelledError:
+            ctx = _CallContext(self, call_id)
+            try:
+                result = await method.handler(params, ctx)
+                payload = msgspec.Raw(ENCODER.encode(result))
+                del result  # a large result is held once (as its encoding), not twice
+            except asyncio.CancelledError:
+                self._tasks.pop(call_id, None)
+                if not self.closed:
+                    self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
+                raise
+            except ExecdError as exc:
+                self._tasks.pop(call_id, None)
+                self._answer_error(call_id, exc)
+                return
+            except ConnectionLost:
+                self._tasks.pop(call_id, None)
+                return
+            except Exception:
+                self._tasks.pop(call_id, None)
+                log.exception("connection %d: %s failed", self.connection_id, method.name)
+                self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
+                return
             self._tasks.pop(call_id, None)
             if not self.closed:
-                self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
-            raise
-        except ExecdError as exc:
-            self._tasks.pop(call_id, None)
-            self._answer_error(call_id, exc)
+                self._reply(call_id, method, payload)
+        finally:
+            # Large buffers the call held are free now: look at the heap in a moment.
+            self.server.trimmer.activity()
+
+    def _reply(self, call_id: int, method: Method, payload: msgspec.Raw) -> None:
+        budget = self.max_result
+        if len(payload) > budget:
+            log.info(
+                "connection %d: result of %s (%d bytes) exceeds the client's frame cap",
+                self.connection_id,
+                method.name,
+                len(payload),
+            )
+            self._answer_error(
+                call_id,
+                TooLarge(
+                    f"the result of {method.name} takes {len(payload)} bytes, more than fit "
+                    f"one reply frame to this client ({budget})",
+                    {"size": len(payload), "limit": budget},
+                ),
+            )
             return
-        except ConnectionLost:
-            self._tasks.pop(call_id, None)
-            return
-        except Exception:
-            self._tasks.pop(call_id, None)
-            log.exception("connection %d: %s failed", self.connection_id, method.name)
-            self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
-            return
-        self._tasks.pop(call_id, None)
-        if not self.closed:
-            self._send_final(Reply(id=call_id, result=payload), call_id)
+        self._send_final(Reply(id=call_id, result=payload), call_id)
+
+    @property
+    def max_result(self) -> int:
+        """Largest encoded result that fits one reply frame to this client."""
+        return self.conn.max_chunk + limits.CHUNK_OVERHEAD - limits.REPLY_OVERHEAD
 
     def _answer_error(self, call_id: int, exc: ExecdError) -> None:
         if self.closed:
@@ -244,17 +310,19 @@ class ServerProtocol(FramedProtocol):
         except (TypeError, msgspec.EncodeError):
             data = _NIL
         message = exc.message[: limits.MAX_ERROR_MESSAGE]
-        self._send_final(Error(id=call_id, code=int(exc.code), message=message, data=data), call_id)
+        code = int(exc.code)
+        if len(message.encode("utf-8", "replace")) + len(data) > self.max_result:
+            # Cut to what a frame takes: the code always gets through.
+            message, data = message[:_SHORT_MESSAGE], _NIL
+        self._send_final(Error(id=call_id, code=code, message=message, data=data), call_id)
 
     def _send_final(self, message: Reply | Error, call_id: int) -> None:
         try:
             frame = self.conn.send(message)
-        except Exception as exc:
+        except LocalProtocolError as exc:
             log.error(
                 "connection %d: cannot send answer to call %d: %s", self.connection_id, call_id, exc
             )
-            if isinstance(message, Reply):
-                self._answer_error(call_id, ExecdError("result too large for one frame"))
             return
         self.drop_streams(call_id)
         transport = self.transport
@@ -270,8 +338,12 @@ class Server:
         self.token = token
         self.methods = methods
         self.pid = os.getpid()
-        self._unauthenticated: set[ServerProtocol] = set()
+        # Insertion-ordered: the oldest unauthenticated connection comes first.
+        self._unauthenticated: dict[ServerProtocol, None] = {}
         self._authenticated: set[ServerProtocol] = set()
+        self._shed_count = 0
+        self._shed_logged = -_SHED_LOG_INTERVAL
+        self.trimmer = Trimmer()
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
@@ -301,26 +373,55 @@ class Server:
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        self.trimmer.start()
         self._arm_lease()
 
     def admit(self, proto: ServerProtocol) -> bool:
-        """Count a new connection in; False when a limit says no."""
+        """Count a new connection in, shedding an unauthenticated one if need be.
+
+        False only when every slot is held by an authenticated connection.
+        """
         lim = self.config.limits
-        total = len(self._unauthenticated) + len(self._authenticated)
-        if total >= lim.max_connections or len(self._unauthenticated) >= lim.max_unauthenticated:
-            log.warning("connection limit reached; refusing a connection")
+        unauthenticated = self._unauthenticated
+        while unauthenticated and (
+            len(unauthenticated) >= lim.max_unauthenticated
+            or len(unauthenticated) + len(self._authenticated) >= lim.max_connections
+        ):
+            self._shed(self._oldest_unauthenticated())
+        if len(self._authenticated) >= lim.max_connections:
+            log.warning("connection limit reached (%d authenticated)", len(self._authenticated))
             return False
-        self._unauthenticated.add(proto)
+        unauthenticated[proto] = None
         return True
+
+    def _oldest_unauthenticated(self) -> ServerProtocol:
+        """The oldest connection that has sent nothing yet, else the oldest of all."""
+        for proto in self._unauthenticated:
+            if proto.last_received <= proto.connected_at:
+                return proto
+        return next(iter(self._unauthenticated))
+
+    def _shed(self, proto: ServerProtocol) -> None:
+        self._unauthenticated.pop(proto, None)
+        self._shed_count += 1
+        now = time.monotonic()
+        if now - self._shed_logged >= _SHED_LOG_INTERVAL:
+            log.warning(
+                "unauthenticated connections at their limit (%d): shed %d oldest so far",
+                self.config.limits.max_unauthenticated,
+                self._shed_count,
+            )
+            self._shed_logged = now
+        proto.abort(None, code=ErrorCode.CONNECTION_LIMIT)
 
     def authenticated(self, proto: ServerProtocol) -> None:
         """A connection finished its handshake."""
-        self._unauthenticated.discard(proto)
+        self._unauthenticated.pop(proto, None)
         self._authenticated.add(proto)
 
     def release(self, proto: ServerProtocol) -> None:
         """A connection closed."""
-        self._unauthenticated.discard(proto)
+        self._unauthenticated.pop(proto, None)
         if proto in self._authenticated:
             self._authenticated.discard(proto)
             if not self._authenticated:
@@ -370,9 +471,10 @@ class Server:
         """Stop listening, drop every connection, wait for background work."""
         if self._lease_timer is not None:
             self._lease_timer.cancel()
+        self.trimmer.stop()
         if self._server is not None:
             self._server.close()
-        for proto in list(self._unauthenticated | self._authenticated):
+        for proto in [*self._unauthenticated, *self._authenticated]:
             proto.abort(None, code=ErrorCode.GOING_AWAY)
         if self._background:
             await asyncio.wait(list(self._background), timeout=10)

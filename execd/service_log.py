@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
+
+from execd.errors import NotSupported
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,16 @@ class LogFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+        fd = os.open(path, flags, LOG_MODE)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotSupported(f"a service log must be a regular file: {path}", {"path": path})
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
         self.error: str | None = None

@@ -72,6 +72,7 @@ from execd.errors import (
     ShuttingDown,
     from_oserror,
 )
+from execd.fit import encoded_size, ensure_fits, fit_list, result_budget
 from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile, tail_start, tail_text
 from execd.service_probes import Readiness, wait_ready
 from protocol.api import services as api
@@ -84,6 +85,10 @@ SERVICE_MARKER_VAR = "EXECD_SERVICE_MARKER"
 _DIR_MODE = 0o700
 _SWEEP_TIMEOUT = 5.0
 _LIVE = frozenset({"starting", "running", "backoff"})
+#: Room for what a service's info may gain while it runs (pid, times, exit, an error).
+_INFO_SPARE = 512
+#: Room for the fields of a result beside its list or its data.
+_RESULT_FIELDS = 64
 
 
 def _decode(status: int | None) -> tuple[int | None, int | None]:
@@ -483,6 +488,11 @@ class ServicesCapability(CommandCapability):
         self._check_open()
         sub_marker = secrets.token_hex(16)
         spec = self._spec(params, sub_marker)
+        # Refused before anything starts if the reply could not carry the service's info.
+        provisional = api.ServiceInfo(
+            name=params.name, state="starting", title=spec.title, log_path=spec.log_path
+        )
+        ensure_fits(provisional, ctx, f"the info of service {params.name!r}", spare=_INFO_SPARE)
         existing = self._services.get(params.name)
         if existing is not None:
             if existing.live or existing.lock.locked():
@@ -511,6 +521,7 @@ class ServicesCapability(CommandCapability):
         """``services.restart``: stop, then start again with the same parameters."""
         self._check_open()
         rec = self._get(params.name)
+        ensure_fits(rec.info(), ctx, f"the info of service {rec.name!r}", spare=_INFO_SPARE)
         await self._stop(rec, signal.SIGTERM, self._limits.kill_grace)
         async with rec.lock:
             if self._services.get(params.name) is not rec or rec.live:
@@ -528,12 +539,15 @@ class ServicesCapability(CommandCapability):
         return self._get(params.name).info()
 
     async def services_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
-        """``services.list``: every remembered service."""
-        return api.ListResult(services=[rec.info() for rec in self._services.values()])
+        """``services.list``: every remembered service (as many as fit the reply)."""
+        infos = [rec.info() for rec in self._services.values()]
+        services, truncated = fit_list(infos, result_budget(ctx) - _RESULT_FIELDS)
+        return api.ListResult(services=services, truncated=truncated)
 
     async def services_stop(self, params: api.StopParams, ctx: CallContext) -> api.ServiceInfo:
         """``services.stop``: signal, grace, SIGKILL of the group, sweep; the final state."""
         rec = self._get(params.name)
+        ensure_fits(rec.info(), ctx, f"the info of service {rec.name!r}", spare=_INFO_SPARE)
         grace = self._limits.kill_grace if params.grace is None else params.grace
         return await self._stop(rec, params.signal, grace)
 
@@ -560,6 +574,14 @@ class ServicesCapability(CommandCapability):
             end = size
         if params.follow:
             return await self._follow(rec, start, ctx)
+        # At most what fits the reply: the newest bytes of a tail, the first of a range.
+        room = result_budget(ctx) - encoded_size(api.LogsResult(start=start, end=end, size=size))
+        room -= _RESULT_FIELDS
+        if end - start > room:
+            if params.offset is None:
+                start = end - max(room, 0)
+            else:
+                end = start + max(room, 0)
         data = log_file.pread(start, end - start)
         return api.LogsResult(start=start, end=start + len(data), size=size, data=data)
 

@@ -64,6 +64,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from execd import marker, procfs
 from execd import spawn as spawning
 from execd.commands import (
@@ -85,7 +87,8 @@ from execd.errors import (
     SpawnFailed,
     from_oserror,
 )
-from execd.output import HeadTailBuffer
+from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
+from execd.output import HeadTailBuffer, fit_pair
 from protocol.api import sessions as api
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,10 @@ log = logging.getLogger(__name__)
 SESSION_MARKER_VAR = "EXECD_SESSION_MARKER"
 """Environment variable whose per-session value tags everything a session starts."""
 
+#: Room for what a session's info may gain (a longer cwd is checked separately).
+_INFO_SPARE = 128
+#: Room for the fields of a result beside its list.
+_RESULT_FIELDS = 64
 _FILE_MODE = 0o600
 _STATUS_LINE_MAX = 256
 _DRAIN_CAP = 8 * 1024 * 1024
@@ -247,8 +254,18 @@ class _Session:
         return info
 
 
+def _provisional_info(params: api.OpenParams) -> api.SessionInfo:
+    """The info of a session about to open, as large as it will be."""
+    where = os.path.abspath(params.cwd or os.getcwd())
+    return api.SessionInfo(name=params.name, pid=2**31, state="idle", created=0.0, cwd=where)
+
+
 class SessionsCapability(CommandCapability):
-    """``sessions.*`` methods over one process-wide table of named shells."""
+    """``sessions.*`` methods over one process-wide table of named shells.
+
+    ``base_env`` is the environment the shells start from; it carries the
+    daemon's marker variable, which calls may neither override nor unset.
+    """
 
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "sessions")
@@ -382,6 +399,13 @@ class SessionsCapability(CommandCapability):
             raise SessionExists(f"session {params.name!r} exists", {"name": params.name})
         if len(self._sessions) >= limit:
             raise LimitExceeded(f"too many sessions (limit {limit})", {"limit": limit})
+        # Refused before the shell starts if the reply could not carry the session's info.
+        ensure_fits(
+            _provisional_info(params),
+            ctx,
+            f"the info of session {params.name!r}",
+            spare=_INFO_SPARE,
+        )
         sess = self._start_shell(params, env, sub_marker)
         self._sessions[params.name] = sess
         try:
@@ -507,11 +531,18 @@ class SessionsCapability(CommandCapability):
         task = self._background.spawn(self._supervise(sess, run, params.timeout, grace))
         sess.task = task
         try:
-            return await asyncio.shield(task)
+            result: api.RunResult = await asyncio.shield(task)
         except asyncio.CancelledError:
             if not run.abort.done():
                 run.abort.set_result(None)
             raise
+        # Both captures share what the reply frame leaves beside the other fields.
+        bare = msgspec.structs.replace(result, stdout=b"", stderr=b"")
+        budget = result_budget(ctx) - encoded_size(bare) - CAPTURE_FIELDS
+        (result.stdout, result.stdout_dropped), (result.stderr, result.stderr_dropped) = fit_pair(
+            (result.stdout, result.stdout_dropped), (result.stderr, result.stderr_dropped), budget
+        )
+        return result
 
     async def _supervise(
         self, sess: _Session, run: _Run, timeout: float | None, grace: float
@@ -585,11 +616,18 @@ class SessionsCapability(CommandCapability):
 
     async def sessions_close(self, params: api.CloseParams, ctx: CallContext) -> api.CloseResult:
         """``sessions.close``: kill the session and everything it started."""
-        return await self._destroy(self._get(params.name))
+        result = await self._destroy(self._get(params.name))
+        # Survivors are listed as far as the reply has room for them.
+        bare = msgspec.structs.replace(result, remaining=[])
+        room = result_budget(ctx) - encoded_size(bare) - _RESULT_FIELDS
+        result.remaining, _ = fit_list(result.remaining, room)
+        return result
 
     async def sessions_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
-        """``sessions.list``: every session, in open order."""
-        return api.ListResult(sessions=[sess.info() for sess in self._sessions.values()])
+        """``sessions.list``: every session, in open order (as many as fit the reply)."""
+        infos = [sess.info() for sess in self._sessions.values()]
+        sessions, truncated = fit_list(infos, result_budget(ctx) - _RESULT_FIELDS)
+        return api.ListResult(sessions=sessions, truncated=truncated)
 
     async def _destroy(self, sess: _Session) -> api.CloseResult:
         if self._sessions.get(sess.name) is sess:

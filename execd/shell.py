@@ -60,12 +60,17 @@ from execd.errors import (
     ProcessLimit,
     ShuttingDown,
 )
-from execd.output import ByteRing, HeadTailBuffer
+from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
+from execd.output import ByteRing, HeadTailBuffer, fit_pair
 from protocol.api import shell as api
 
 log = logging.getLogger(__name__)
 
 _ATTACH_READ = 1024 * 1024
+#: Room for what a command's info gains once it has exited, and for the attach result around it.
+_ATTACH_SPARE = 160
+#: Room for the fields of a list result beside its items.
+_LIST_FIELDS = 32
 _VALID_SIGNALS = frozenset(int(s) for s in signal.valid_signals()) | {0}
 
 
@@ -466,9 +471,11 @@ class ShellCapability(CommandCapability):
             pipes_held_open=outcome.pipes_held_open,
         )
         if buffers is not None:
-            out, err = buffers
-            result.stdout, result.stdout_dropped = out.getvalue(), out.dropped
-            result.stderr, result.stderr_dropped = err.getvalue(), err.dropped
+            # Both captures share what the reply frame leaves beside the other fields.
+            budget = result_budget(ctx) - encoded_size(result) - CAPTURE_FIELDS
+            (result.stdout, result.stdout_dropped), (result.stderr, result.stderr_dropped) = (
+                fit_pair(buffers[0].take(), buffers[1].take(), budget)
+            )
         return result
 
     def _start_detached(
@@ -541,8 +548,10 @@ class ShellCapability(CommandCapability):
             raise NoSuchProcess(f"no detached command {command_id[:64]!r}")
         return rec
 
-    def _read_status(self, rec: _Detached) -> api.CommandInfo:
+    def _read_status(self, rec: _Detached, ctx: CallContext, *, spare: int = 0) -> api.CommandInfo:
+        """The command's info; a final one is consumed, once it surely fits the reply."""
         info = rec.info()
+        ensure_fits(info, ctx, f"the status of command {rec.command_id}", spare=spare)
         if rec.outcome is not None:
             self._forget(rec)
         return info
@@ -571,12 +580,14 @@ class ShellCapability(CommandCapability):
     # -- detached: list / status / wait / attach -------------------------------
 
     async def shell_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
-        """``shell.list``: every remembered detached command."""
-        return api.ListResult(commands=[rec.info() for rec in self._detached.values()])
+        """``shell.list``: every remembered detached command (as many as fit the reply)."""
+        infos = [rec.info() for rec in self._detached.values()]
+        commands, truncated = fit_list(infos, result_budget(ctx) - _LIST_FIELDS)
+        return api.ListResult(commands=commands, truncated=truncated)
 
     async def shell_status(self, params: api.StatusParams, ctx: CallContext) -> api.CommandInfo:
         """``shell.status``: one detached command's state (a final one is consumed)."""
-        return self._read_status(self._record(params.command_id))
+        return self._read_status(self._record(params.command_id), ctx)
 
     async def shell_wait(self, params: api.WaitParams, ctx: CallContext) -> api.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
@@ -585,13 +596,15 @@ class ShellCapability(CommandCapability):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(params.timeout):
                     await rec.done.wait()
-        return self._read_status(rec)
+        return self._read_status(rec, ctx)
 
     async def shell_attach(self, params: api.AttachParams, ctx: CallContext) -> api.AttachResult:
         """``shell.attach``: replay retained output, follow it, report the exit."""
         rec = self._record(params.command_id)
         if rec.attached:
             raise AlreadyAttached(f"command {params.command_id[:64]!r} already has a client")
+        # Refused now if the final answer could not carry the command's info.
+        ensure_fits(rec.info(), ctx, f"the status of command {rec.command_id}", spare=_ATTACH_SPARE)
         rec.attached = True
         offsets = [0, 0]
         lost = [0, 0]
@@ -617,5 +630,7 @@ class ShellCapability(CommandCapability):
         finally:
             rec.attached = False
         return api.AttachResult(
-            info=self._read_status(rec), stdout_lost=lost[0], stderr_lost=lost[1]
+            info=self._read_status(rec, ctx, spare=_ATTACH_SPARE),
+            stdout_lost=lost[0],
+            stderr_lost=lost[1],
         )

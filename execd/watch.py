@@ -46,9 +46,11 @@ from execd.errors import (
     LimitExceeded,
     NoSuchWatch,
     ShuttingDown,
+    TooLarge,
     WatchLimit,
     from_oserror,
 )
+from execd.fit import encoded_size, fit_list, result_budget
 from execd.inotify import (
     IN_ATTRIB,
     IN_CLOSE_WRITE,
@@ -83,6 +85,8 @@ from protocol.api.watch import (
 log = logging.getLogger(__name__)
 
 _STOP_GRACE: Final = 5.0
+#: Room for the fields of a subscribe result beside its list of unwatched paths.
+_RESULT_FIELDS: Final = 64
 _WALK_YIELD_EVERY: Final = 64
 
 _ACTIVE: Final = "active"
@@ -388,11 +392,20 @@ class _Subscription:
             await asyncio.sleep(0)  # let the subscribe reply go first
             while True:
                 item = await self._queue.next()
-                await self._ctx.push_event(topic=self.watch_id, name=item.kind, data=item.event)
+                try:
+                    await self._ctx.push_event(topic=self.watch_id, name=item.kind, data=item.event)
+                except TooLarge:
+                    # Paths too long for the client's frame cap: say that events were lost.
+                    lost = WatchEvent(
+                        path=self.root, is_dir=self._root_is_dir, source="frame", dropped=1
+                    )
+                    await self._ctx.push_event(topic=self.watch_id, name="overflow", data=lost)
                 if item.kind == "ended":
                     break
         except ConnectionLost:
             pass
+        except TooLarge:
+            log.warning("watch %d: events do not fit the client's frame cap; ended", self.watch_id)
         except Exception:
             log.exception("watch %d: pushing events failed", self.watch_id)
         finally:
@@ -455,12 +468,12 @@ class WatchCapability:
                 raise ShuttingDown("execd is shutting down")
             raise Cancelled("the connection closed while the watch was being set up")
         sub.start()
-        return SubscribeResult(
-            watch_id=watch_id,
-            watched=sub.watched,
-            unwatched=sub.unwatched,
-            unwatched_count=sub.unwatched_count,
-        )
+        result = SubscribeResult(watch_id=watch_id, watched=sub.watched)
+        # Unwatched paths are named as far as the reply has room; the count is whole.
+        room = result_budget(ctx) - encoded_size(result) - _RESULT_FIELDS
+        result.unwatched, _ = fit_list(sub.unwatched, room)
+        result.unwatched_count = sub.unwatched_count
+        return result
 
     async def watch_unsubscribe(
         self, params: UnsubscribeParams, ctx: CallContext

@@ -7,11 +7,20 @@ Theory of operation
     start ── history = [system, user(task)] ──► TURN ─────────────────────────┐
                                                   │ model.complete(history)   │
                                                   │ no tool calls ──► finished│
-                                                  │ tool calls: run them all  │
-                                                  │ concurrently, bounded by  │
+                                                  │ tool calls: run them      │
+                                                  │ (concurrently, or in      │
+                                                  │ order), bounded by        │
                                                   │ turn_timeout; append the  │
                                                   │ results; sync the ledger ─┘
-    stop reasons: finished, max_turns, session_timeout, model_error
+    stop reasons: finished, max_turns, session_timeout, model_error, interrupted
+
+Tool calls of one turn run concurrently by default: an 8-call turn costs
+about one round trip to execd instead of eight. They are then not ordered:
+a ``write_file`` and a ``cat`` of the same file in one turn race. The
+model is told so -- the default system prompt says it and the request says
+``parallel_tool_calls: true`` -- and ``tool_order="in_order"`` runs one
+turn's calls one after another in the order given (the request then says
+``parallel_tool_calls: false``, asking for one call per turn).
 
 Every message and tool result is appended to the session's
 :class:`~harnessd.ledger_sync.LocalLedger` as it happens; after each turn
@@ -21,7 +30,16 @@ and the sync resumes from execd's head. When a turn's time runs out, or the
 whole run is cancelled or times out, the tool calls still running are
 cancelled: each cancels its execd call, and execd kills the command's
 process group. Interrupted calls get an error result, so the model can see
-what happened; the loop goes on with the next turn.
+what happened; the loop goes on with the next turn. A cancelled run (the
+command line cancels it on SIGINT, SIGTERM and SIGHUP) still closes its
+tools, records the end in the ledger, tries a last bounded sync and writes
+``session_end`` with reason ``interrupted`` before the cancellation goes on.
+
+The trace gets ``model_start`` before each model call, ``model_retry`` and
+``model_adapted`` as the model client reports them, ``tool_start`` and
+``tool_call`` around each call (``tool_call`` as each one ends), and, with
+``live_output``, ``tool_output`` notifications carrying command output as
+it arrives (delivered to listeners, never written to the file).
 
 Nothing here is global: every session has its own history, ledger, toolbox
 and trace, so one process can run hundreds of sessions at once.
@@ -40,20 +58,47 @@ from typing import Any, Literal
 from harnessd.api import ExecdClient
 from harnessd.errors import ConnectionLost
 from harnessd.ledger_sync import LedgerSync, LocalLedger, SyncReport
-from harnessd.models import AssistantTurn, ChatMessage, Model, ModelError, ToolCall
+from harnessd.models import (
+    AssistantTurn,
+    CallInfo,
+    ChatMessage,
+    Model,
+    ModelError,
+    ToolCall,
+    calling,
+)
 from harnessd.tools import Toolbox, ToolConfig, ToolResult
 from harnessd.trace import Trace
 
-DEFAULT_SYSTEM_PROMPT = (
+ToolOrder = Literal["concurrent", "in_order"]
+"""How the tool calls of one turn run: all at once, or one after another as given."""
+
+_PROMPT = (
     "You are an autonomous software agent working in a Linux workspace through tools. "
     "Use the tools to inspect and change the workspace, run commands and check your work. "
     "When the task is complete, answer with a short summary and no tool call."
 )
+_ORDER_NOTE: dict[ToolOrder, str] = {
+    "concurrent": (
+        " Tool calls made in one reply run at the same time, in no set order: when one call "
+        "needs another's effect (write a file, then run it), make it in a later reply."
+    ),
+    "in_order": " Tool calls made in one reply run one after another, in the order given.",
+}
+
+
+def default_system_prompt(tool_order: ToolOrder = "concurrent") -> str:
+    """The system prompt used when none is given; it says how tool calls run."""
+    return _PROMPT + _ORDER_NOTE[tool_order]
+
+
+DEFAULT_SYSTEM_PROMPT = default_system_prompt()
 
 TRACE_RESULT_CHARS = 2000
 """Characters of each tool result kept in the trace."""
 
-StopReason = Literal["finished", "max_turns", "session_timeout", "model_error"]
+StopReason = Literal["finished", "max_turns", "session_timeout", "model_error", "interrupted"]
+"""Why a session stopped (``interrupted``: its run was cancelled; only the trace says so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +175,11 @@ class AgentSession:
     give the new client (e.g. ``session.reconnect``). ``batch_bytes``: the
     ledger batch budget (default: half the peer's frame cap). ``tool_prefix``:
     prepended to the names of services and shell sessions the tools create,
-    for sessions sharing one execd. One instance runs one session, once.
+    for sessions sharing one execd. ``system_prompt``: None for
+    :func:`default_system_prompt`. ``tool_order``: how one turn's tool calls
+    run (see the module docstring). ``live_output``: stream shell output to
+    the trace's listeners as ``tool_output`` notifications. One instance
+    runs one session, once.
     """
 
     def __init__(
@@ -139,7 +188,7 @@ class AgentSession:
         client: ClientSource,
         *,
         session_id: str | None = None,
-        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        system_prompt: str | None = None,
         limits: AgentLimits | None = None,
         tools: ToolConfig | None = None,
         trace: Trace | None = None,
@@ -147,11 +196,18 @@ class AgentSession:
         batch_bytes: int | None = None,
         sync_attempts: int = 3,
         tool_prefix: str = "",
+        tool_order: ToolOrder = "concurrent",
+        live_output: bool = False,
     ) -> None:
+        if tool_order not in _ORDER_NOTE:
+            raise ValueError(f"tool_order must be 'concurrent' or 'in_order', not {tool_order!r}")
         self.model = model
         self.session_id = session_id or new_session_id()
         self._client_source = client
-        self.system_prompt = system_prompt
+        self.tool_order: ToolOrder = tool_order
+        self.system_prompt = (
+            system_prompt if system_prompt is not None else default_system_prompt(tool_order)
+        )
         self.limits = limits or AgentLimits()
         self.trace = trace if trace is not None else Trace(session=self.session_id)
         if not self.trace.session:
@@ -160,7 +216,13 @@ class AgentSession:
         self.sync_attempts = max(1, sync_attempts)
         self.ledger = LocalLedger()
         self.sync = LedgerSync(self.session_id, self.ledger, batch_bytes=batch_bytes)
-        self.toolbox = Toolbox(self.client, tools, session_prefix=tool_prefix)
+        self.toolbox = Toolbox(
+            self.client,
+            tools,
+            session_prefix=tool_prefix,
+            on_output=self._live_output if live_output else None,
+        )
+        self._turn = 0
         self.messages: list[ChatMessage] = []
         self.reports: list[TurnReport] = []
         self.syncs: list[SyncReport] = []
@@ -180,6 +242,9 @@ class AgentSession:
         ``reconnect``. Model failures end the session with
         ``stop_reason = "model_error"``. With ``close_tools`` the shell
         sessions and services opened by the tools are closed at the end.
+        Cancelled, it winds down as the module docstring says and raises
+        CancelledError. The trace's last record is ``session_end`` however
+        the run ends.
         """
         if self.ledger.seq:
             raise RuntimeError("an AgentSession runs once; make a new one for another task")
@@ -191,6 +256,7 @@ class AgentSession:
             max_turns=limits.max_turns,
             turn_timeout=limits.turn_timeout,
             session_timeout=limits.session_timeout,
+            tool_order=self.tool_order,
         )
         self.ledger.append(
             {
@@ -206,6 +272,8 @@ class AgentSession:
         stop: StopReason = "max_turns"
         final_text: str | None = None
         error: str | None = None
+        cancelled = False
+        result: AgentResult | None = None
         started = time.perf_counter()
         deadline = asyncio.timeout(limits.session_timeout)
         try:
@@ -216,48 +284,73 @@ class AgentSession:
                 if not deadline.expired():
                     raise
                 stop, error = "session_timeout", f"the session ran past {limits.session_timeout} s"
+            except asyncio.CancelledError:
+                cancelled = True
+                stop, error = "interrupted", "the run was cancelled"
+            finally:
+                if close_tools:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(10.0):
+                            await self.toolbox.close()
+            self.ledger.append(
+                {"kind": "end", "reason": stop, "turns": len(self.reports), "error": error}
+            )
+            try:
+                async with asyncio.timeout(limits.final_sync_timeout):
+                    final_sync = await self._sync()
+            except Exception as exc:
+                if not cancelled:
+                    raise
+                # Winding down after a cancel: the end is recorded locally even if execd is gone.
+                self.trace.emit("sync_error", turn=None, error=f"{type(exc).__name__}: {exc}")
+            else:
+                self.trace.emit("sync", turn=None, **final_sync.as_dict())
+            result = AgentResult(
+                session=self.session_id,
+                stop_reason=stop,
+                final_text=final_text,
+                turns=list(self.reports),
+                messages=list(self.messages),
+                ledger_seq=self.ledger.seq,
+                synced_seq=self.sync.acked,
+                error=error,
+                syncs=list(self.syncs),
+            )
+        except BaseException as exc:
+            if error is None:
+                error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
-            if close_tools:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(10.0):
-                        await self.toolbox.close()
-        self.ledger.append(
-            {"kind": "end", "reason": stop, "turns": len(self.reports), "error": error}
-        )
-        async with asyncio.timeout(limits.final_sync_timeout):
-            final_sync = await self._sync()
-        self.trace.emit("sync", turn=None, **final_sync.as_dict())
-        result = AgentResult(
-            session=self.session_id,
-            stop_reason=stop,
-            final_text=final_text,
-            turns=list(self.reports),
-            messages=list(self.messages),
-            ledger_seq=self.ledger.seq,
-            synced_seq=self.sync.acked,
-            error=error,
-            syncs=list(self.syncs),
-        )
-        self.trace.emit(
-            "session_end",
-            reason=stop,
-            turns=len(self.reports),
-            tool_calls=result.tool_calls,
-            tool_errors=result.tool_errors,
-            ledger_seq=self.ledger.seq,
-            synced_seq=self.sync.acked,
-            error=error,
-            final_text=final_text,
-            ms=round((time.perf_counter() - started) * 1000.0, 3),
-        )
+            self.trace.emit(
+                "session_end",
+                reason=stop if result is not None else "error",
+                turns=len(self.reports),
+                tool_calls=sum(len(turn.results) for turn in self.reports),
+                tool_errors=sum(1 for t in self.reports for r in t.results if not r.ok),
+                ledger_seq=self.ledger.seq,
+                synced_seq=self.sync.acked,
+                error=error,
+                final_text=final_text,
+                ms=round((time.perf_counter() - started) * 1000.0, 3),
+            )
+        if cancelled:
+            raise asyncio.CancelledError
         return result
 
     async def _loop(self) -> tuple[StopReason, str | None, str | None]:
         specs = self.toolbox.specs
         for index in range(1, self.limits.max_turns + 1):
+            self._turn = index
+            self.trace.emit("model_start", turn=index, messages=len(self.messages))
             model_started = time.perf_counter()
+            info = CallInfo(
+                turn=index,
+                parallel_tool_calls=self.tool_order == "concurrent",
+                report=self._model_report(index),
+            )
             try:
-                reply = await self.model.complete(list(self.messages), specs)
+                with calling(info):
+                    reply = await self.model.complete(list(self.messages), specs)
             except ModelError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 self.trace.emit("model_error", turn=index, error=error)
@@ -271,7 +364,10 @@ class AgentSession:
                 return "finished", reply.content, None
             await self._ensure_connected()
             tools_started = time.perf_counter()
-            results, interrupted = await self._run_tools(index, reply.tool_calls)
+            if self.tool_order == "in_order":
+                results, interrupted = await self._run_in_order(index, reply.tool_calls)
+            else:
+                results, interrupted = await self._run_concurrently(index, reply.tool_calls)
             tools_ms = (time.perf_counter() - tools_started) * 1000.0
             for result in results:
                 self._add_tool_result(index, result)
@@ -283,9 +379,31 @@ class AgentSession:
             report.sync = await self._sync_turn(index)
         return "max_turns", None, None
 
-    async def _run_tools(self, index: int, calls: list[ToolCall]) -> tuple[list[ToolResult], bool]:
+    def _model_report(self, index: int) -> Callable[[str, dict[str, Any]], None]:
+        def report(event: str, fields: dict[str, Any]) -> None:
+            self.trace.emit(event, turn=index, **fields)
+
+        return report
+
+    def _live_output(self, call: ToolCall, stream: str, data: bytes) -> None:
+        self.trace.notify(
+            "tool_output", turn=self._turn, id=call.id, name=call.name, stream=stream, data=data
+        )
+
+    async def _call_tool(self, index: int, call: ToolCall) -> ToolResult:
+        """One call, announced when it starts and recorded when it ends."""
+        self.trace.emit(
+            "tool_start", turn=index, id=call.id, name=call.name, arguments=call.arguments
+        )
+        result = await self.toolbox.call(call)
+        self._record_tool_call(index, call, result)
+        return result
+
+    async def _run_concurrently(
+        self, index: int, calls: list[ToolCall]
+    ) -> tuple[list[ToolResult], bool]:
         """Run a turn's calls concurrently; cancel what is still running at the turn's end."""
-        tasks = [asyncio.create_task(self.toolbox.call(call)) for call in calls]
+        tasks = [asyncio.create_task(self._call_tool(index, call)) for call in calls]
         timeout = self.limits.turn_timeout
         started = time.perf_counter()
         try:
@@ -297,31 +415,65 @@ class AgentSession:
             # Each cancelled call waits (boundedly) for execd to confirm its command stopped.
             await asyncio.wait(tasks)
         results: list[ToolResult] = []
-        interrupted = bool(pending)
         for call, task in zip(calls, tasks, strict=True):
             if task in pending or task.cancelled():
-                ms = (time.perf_counter() - started) * 1000.0
-                text = (
-                    f"error: interrupted: the turn's time limit of {timeout} s ran out "
-                    "and the call was stopped"
-                )
-                result = ToolResult(call.id, call.name, text, False, ms, "TurnTimeout", len(text))
+                result = self._cut_short(call, started, ran=True)
+                self._record_tool_call(index, call, result)
             else:
                 result = task.result()
             results.append(result)
-            self.trace.emit(
-                "tool_call",
-                turn=index,
-                id=call.id,
-                name=call.name,
-                arguments=call.arguments,
-                ms=round(result.ms, 3),
-                ok=result.ok,
-                error=result.error,
-                result=result.text[:TRACE_RESULT_CHARS],
-                result_chars=result.full_chars,
-            )
+        return results, bool(pending)
+
+    async def _run_in_order(
+        self, index: int, calls: list[ToolCall]
+    ) -> tuple[list[ToolResult], bool]:
+        """Run a turn's calls one after another; those the turn's time does not reach are not run."""
+        results: list[ToolResult] = []
+        started = time.perf_counter()
+        deadline = asyncio.timeout(self.limits.turn_timeout)
+        try:
+            async with deadline:
+                for call in calls:
+                    results.append(await self._call_tool(index, call))
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+        interrupted = len(results) < len(calls)
+        for number, call in enumerate(calls[len(results) :]):
+            result = self._cut_short(call, started, ran=number == 0)
+            self._record_tool_call(index, call, result)
+            results.append(result)
         return results, interrupted
+
+    def _cut_short(self, call: ToolCall, started: float, *, ran: bool) -> ToolResult:
+        """The result of a call the turn's time limit stopped (``ran``) or never reached."""
+        timeout = self.limits.turn_timeout
+        ms = (time.perf_counter() - started) * 1000.0 if ran else 0.0
+        if ran:
+            text = (
+                f"error: interrupted: the turn's time limit of {timeout} s ran out "
+                "and the call was stopped"
+            )
+        else:
+            text = (
+                f"error: not run: the turn's time limit of {timeout} s ran out before "
+                "this call's turn came"
+            )
+        return ToolResult(call.id, call.name, text, False, ms, "TurnTimeout", len(text))
+
+    def _record_tool_call(self, index: int, call: ToolCall, result: ToolResult) -> None:
+        self.trace.emit(
+            "tool_call",
+            turn=index,
+            id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            ms=round(result.ms, 3),
+            ok=result.ok,
+            error=result.error,
+            result=result.text[:TRACE_RESULT_CHARS],
+            result_chars=result.full_chars,
+        )
 
     # -- history and ledger ----------------------------------------------------------
 

@@ -7,10 +7,18 @@ against a workspace: an execd already running (``--port``, token from
 The API key is read from the variable named by ``--api-key-env`` and stays in
 this process: a locally launched execd is started without that variable.
 
+stdout is the transcript (each turn, each tool result, the final answer);
+stderr is live progress (:mod:`harnessd.progress`: tool calls starting and
+ending, command output as it arrives, model waits and retries) and errors,
+so ``harnessd run ... > transcript.txt`` still shows what is happening.
+``--quiet`` turns the progress off.
+
 Everything that can be checked is checked before execd starts (the trace
 file, the workspace directory, the token, the model's configuration); once
 execd runs, every way out -- success, an error, SIGINT, SIGTERM, SIGHUP --
-closes the session first (see :func:`harnessd.cli_common.run_session`).
+closes the session first (see :func:`harnessd.cli_common.run_session`); the
+trace then holds ``session_end`` followed by ``cleanup``, and a ``signal``
+record naming the signal that stopped the run.
 """
 
 from __future__ import annotations
@@ -18,21 +26,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harnessd.agent import (
-    DEFAULT_SYSTEM_PROMPT,
-    AgentLimits,
-    AgentResult,
-    AgentSession,
-)
+from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient, connect
 from harnessd.cli_common import (
     USAGE,
     UsageError,
+    count,
+    non_negative,
     port_number,
     positive_int,
     positive_seconds,
@@ -42,7 +48,15 @@ from harnessd.cli_common import (
 from harnessd.demo import TranscriptPrinter, demo_model, run_demo
 from harnessd.errors import RemoteError
 from harnessd.launcher import DEFAULT_LEASE, Session, serve
-from harnessd.models import ModelConfigError, OpenAIChatModel, ScriptedModel
+from harnessd.models import (
+    DEFAULT_MAX_RETRY_WAIT,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    ModelConfigError,
+    OpenAIChatModel,
+    ScriptedModel,
+)
+from harnessd.progress import Progress
 from harnessd.runtime import LocalRuntime
 from harnessd.token import read_token
 from harnessd.tools import ToolConfig
@@ -85,7 +99,45 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument(
         "--output-cap", type=positive_int, default=16_000, help="characters per tool result"
     )
-    run.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT)
+    run.add_argument(
+        "--system-prompt",
+        help="the system message (default: one describing the workspace, the tools and how "
+        "one turn's tool calls run)",
+    )
+    run.add_argument(
+        "--in-order",
+        action="store_true",
+        help="run one turn's tool calls one after another, in the order given (default: all "
+        "at once, so a write and a read of the same file in one turn race); the model is then "
+        "asked for one call per turn (parallel_tool_calls: false)",
+    )
+    run.add_argument(
+        "--model-timeout",
+        type=positive_seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds one model request may take (default {DEFAULT_TIMEOUT:g})",
+    )
+    run.add_argument(
+        "--retries",
+        type=count,
+        default=DEFAULT_RETRIES,
+        help="times a failed model request (timeout, 408, 409, 425, 429, 5xx) is tried again "
+        f"(default {DEFAULT_RETRIES})",
+    )
+    run.add_argument(
+        "--max-retry-wait",
+        type=non_negative,
+        default=DEFAULT_MAX_RETRY_WAIT,
+        help="longest wait, in seconds, before a retry when the endpoint's Retry-After asks "
+        f"for more (default {DEFAULT_MAX_RETRY_WAIT:g})",
+    )
+    run.add_argument("--temperature", type=non_negative, help="sampling temperature to send")
+    run.add_argument("--max-tokens", type=positive_int, help="max_tokens to send")
+    run.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no live progress on stderr (the transcript on stdout stays)",
+    )
     run.add_argument("--trace", help="write the session's JSONL trace to this file")
     run.add_argument(
         "--workspace",
@@ -152,7 +204,11 @@ def run_main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         say(f"harnessd run: {exc}")
         return USAGE
-    return run_session(lambda: run_agent(args, ready), "harnessd run")
+
+    def record(signum: int) -> None:
+        ready.trace.emit("signal", name=signal.Signals(signum).name)
+
+    return run_session(lambda: run_agent(args, ready), "harnessd run", on_signal=record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +216,9 @@ class _Ready:
     """What ``run`` checked and opened before anything was started."""
 
     model: OpenAIChatModel
-    token: str | None
+    token: bytes | None
     trace: Trace
+    progress: Progress | None
 
 
 def _prepare(args: argparse.Namespace) -> _Ready:
@@ -169,8 +226,12 @@ def _prepare(args: argparse.Namespace) -> _Ready:
     token = _token(args.token_file) if args.port is not None else None
     if token is None and args.workspace is not None and not os.path.isdir(args.workspace):
         raise UsageError(f"the workspace {args.workspace} is not a directory")
-    trace = open_trace(args.trace, [TranscriptPrinter(sys.stdout)])
-    return _Ready(model, token, trace)
+    progress = None if args.quiet else Progress(sys.stderr)
+    # Progress first: it erases its status line before the transcript prints.
+    listeners: list[Listener] = [] if progress is None else [progress]
+    listeners.append(TranscriptPrinter(sys.stdout))
+    trace = open_trace(args.trace, listeners)
+    return _Ready(model, token, trace, progress)
 
 
 def _model(args: argparse.Namespace) -> OpenAIChatModel:
@@ -187,7 +248,16 @@ def _model(args: argparse.Namespace) -> OpenAIChatModel:
             "(its name is not shown, in case it is the key itself)"
         )
     try:
-        return OpenAIChatModel(args.model, args.base_url, name)
+        return OpenAIChatModel(
+            args.model,
+            args.base_url,
+            name,
+            timeout=args.model_timeout,
+            max_retries=args.retries,
+            max_retry_wait=args.max_retry_wait,
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+        )
     except ModelConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -231,6 +301,8 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
             tools=ToolConfig(root=workspace, output_cap=args.output_cap),
             trace=trace,
             reconnect=reconnect,
+            tool_order="in_order" if args.in_order else "concurrent",
+            live_output=ready.progress is not None,
         )
         print(f"ledger session: {agent.session_id}")
         result: AgentResult = await agent.run(args.task)
@@ -240,6 +312,9 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
             print(f"stopped: {result.error}")
         return 0 if result.stop_reason == "finished" else 1
     finally:
+        if ready.progress is not None:
+            ready.progress.close()
+        await model.aclose()
         if session is not None:
             closed = await session.close()
             trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
@@ -249,7 +324,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
         trace.close()
 
 
-def _token(path: str | None) -> str:
+def _token(path: str | None) -> bytes:
     try:
         return read_token(path)
     except ValueError as exc:

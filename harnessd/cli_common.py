@@ -73,6 +73,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """argparse type: a whole number of at least 0."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 0")
+    return int(text)
+
+
+def non_negative(text: str) -> float:
+    """argparse type: a finite number of at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of at least 0")
+    return value
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's last flush cannot fail on a closed pipe."""
     with contextlib.suppress(OSError, ValueError):
@@ -81,13 +99,19 @@ def silence_stdout() -> None:
         os.close(devnull)
 
 
-def run_session(main: Callable[[], Awaitable[int]], prog: str) -> int:
+def run_session(
+    main: Callable[[], Awaitable[int]],
+    prog: str,
+    *,
+    on_signal: Callable[[int], None] | None = None,
+) -> int:
     """Run ``main()`` on uvloop and return the exit status.
 
     SIGINT, SIGTERM and SIGHUP cancel ``main`` once (later ones are ignored
     while it cleans up: cutting cleanup short is what would leak processes);
-    the status is then 128+N. A :class:`HarnessError` is one line and status
-    1, a :class:`UsageError` one line and status 2.
+    the status is then 128+N. ``on_signal(signum)`` is called first (to
+    record it, say). A :class:`HarnessError` is one line and status 1, a
+    :class:`UsageError` one line and status 2.
     """
     import uvloop
 
@@ -103,6 +127,9 @@ def run_session(main: Callable[[], Awaitable[int]], prog: str) -> int:
                 return
             received.append(signum)
             say(f"{prog}: {signal.Signals(signum).name} received, closing the session")
+            if on_signal is not None:
+                with contextlib.suppress(Exception):
+                    on_signal(signum)
             task.cancel()
 
         for signum in STOP_SIGNALS:

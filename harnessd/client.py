@@ -29,6 +29,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
+from harnessd import keepalive as keepalive_group
 from harnessd.errors import (
     AuthenticationFailed,
     ConnectFailed,
@@ -39,7 +40,7 @@ from harnessd.errors import (
     remote_error,
 )
 from protocol import limits
-from protocol.bridge import FramedProtocol, TransportClosed
+from protocol.bridge import FramedProtocol, InboundStream, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
@@ -173,8 +174,12 @@ class CallHandle:
         self._future = future
 
     def stream(self, name: str) -> AsyncIterator[bytes]:
-        """Iterate the bytes execd sends on stream ``name`` until it ends."""
-        return self._client._iter_stream(self.id, name)
+        """Iterate the bytes execd sends on stream ``name`` until it ends.
+
+        The stream's buffer is bound now rather than at the first iteration:
+        a reply that ends the call before iteration starts must not drop it.
+        """
+        return self._client._iter_stream(self._client._proto.inbound(self.id, name))
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
@@ -213,11 +218,13 @@ class Client:
         self._proto = proto
         self.info = info
         self._ids = itertools.count(1)
-        self._keepalive_task: asyncio.Task[None] | None = None
+        self._keepalive_interval = keepalive or 0.0
+        self._pings = 0
+        self._unanswered = 0
+        self._heard_at = proto.last_received
+        self._keepalive: keepalive_group.Membership | None = None
         if keepalive:
-            self._keepalive_task = asyncio.get_running_loop().create_task(
-                self._keepalive(keepalive)
-            )
+            self._keepalive = keepalive_group.join(keepalive, self._keepalive_tick)
 
     # -- core ------------------------------------------------------------------
 
@@ -277,8 +284,8 @@ class Client:
 
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
-        if self._keepalive_task is not None:
-            self._keepalive_task.cancel()
+        if self._keepalive is not None:
+            self._keepalive.leave()
         if not self._proto.closed:
             self._proto.abort(
                 ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
@@ -315,15 +322,14 @@ class Client:
         if isinstance(answer, Error):
             data: Any = None
             with contextlib.suppress(msgspec.DecodeError):
-                data = msgspec.msgpack.decode(answer.data)
+                data = from_raw(answer.data, Any)
             raise remote_error(answer.code, answer.message, data)
         try:
             return from_raw(answer.result, type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
 
-    async def _iter_stream(self, call_id: int, name: str) -> AsyncIterator[bytes]:
-        source = self._proto.inbound(call_id, name)
+    async def _iter_stream(self, source: InboundStream) -> AsyncIterator[bytes]:
         while True:
             try:
                 data = await source.read()
@@ -341,23 +347,35 @@ class Client:
         except TransportClosed:
             raise self._proto.lost or ConnectionLost("connection to execd closed") from None
 
-    async def _keepalive(self, interval: float) -> None:
-        seq = 0
+    def _keepalive_tick(self) -> bool:
+        """Ping execd, or give the connection up; False when done with pings.
+
+        The connection is given up once three pings in a row went unanswered
+        and nothing came from execd for three intervals. Counting pings, not
+        only time, keeps a harness whose event loop was held up for a while
+        (a long synchronous step, a slow machine) from giving up on every
+        connection at once: nothing was asked of execd while it stalled.
+        """
         proto = self._proto
-        while not proto.closed:
-            await asyncio.sleep(interval)
-            if proto.closed:
-                return
-            silent = time.monotonic() - proto.last_received
-            if silent > 3 * interval:
-                proto.abort(
-                    ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
-                    code=ErrorCode.GOING_AWAY,
-                )
-                return
-            seq += 1
-            with contextlib.suppress(TransportClosed, Exception):
-                proto.write(proto.conn.ping(seq))
+        if proto.closed:
+            return False
+        if proto.last_received != self._heard_at:
+            self._heard_at = proto.last_received
+            self._unanswered = 0
+        silent = time.monotonic() - proto.last_received
+        if self._unanswered >= 3 and silent > 3 * self._keepalive_interval:
+            proto.abort(
+                ConnectionLost(f"execd did not answer keepalives for {silent:.1f} s"),
+                code=ErrorCode.GOING_AWAY,
+            )
+            return False
+        self._pings += 1
+        self._unanswered += 1
+        try:
+            proto.write(proto.conn.ping(self._pings))
+        except Exception:  # a transport closing under the write: the next tick sees it
+            return not proto.closed
+        return True
 
 
 async def open_connection(

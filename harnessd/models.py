@@ -7,9 +7,17 @@ both. A turn without tool calls ends the session.
 
 :class:`ScriptedModel` replays a fixed list of turns (for tests and the demo).
 :class:`OpenAIChatModel` speaks the chat-completions wire format with tool
-calling over HTTP or HTTPS, written on asyncio streams so a call can be
-cancelled at any point and hundreds of sessions can wait on their models at
-once without a thread each.
+calling over httpx: one keep-alive connection pool per model and event loop,
+proxies and CA bundles from the environment (``HTTPS_PROXY``, ``NO_PROXY``,
+``SSL_CERT_FILE``, ...), bounded replies, and retries that honour
+``Retry-After``. httpx is imported when the first request is made, so
+importing this module (or :mod:`harnessd`) does not load it.
+
+The agent loop tells a model what it needs to know about the call in
+progress through :func:`calling` (a context variable, so concurrent sessions
+never see each other's): the turn, whether the turn's tool calls will run
+concurrently, and where to report retries. Models that do not care can
+ignore it.
 
 The API key is read from the environment variable whose *name* is given and
 stays in this object: it is sent in the ``Authorization`` header and nowhere
@@ -20,23 +28,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
+import math
 import os
 import random
 import re
 import ssl
-import string
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import UTC
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
 from harnessd.errors import HarnessError
+
+if TYPE_CHECKING:
+    import httpx
 
 # -- messages ------------------------------------------------------------------------
 
@@ -142,6 +156,48 @@ class ModelReplyError(ModelError):
 
 class ScriptExhausted(ModelError):
     """A :class:`ScriptedModel` was asked for more turns than its script holds."""
+
+
+# -- what the agent loop tells a model about the call in progress ------------------------------
+
+Reporter = Callable[[str, dict[str, Any]], None]
+"""Receives ``(event, fields)`` while a call is in progress (see :class:`CallInfo`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """The model call in progress, as the agent loop describes it.
+
+    ``turn``: the turn's number (0: not in a session). ``parallel_tool_calls``:
+    True when the answer's tool calls will run concurrently, False when they
+    will run one after another in the order given, None when nobody said.
+    ``report``: where a model reports what happens during the call --
+    ``model_retry`` events with their fields; the agent loop writes them to
+    the session's trace.
+    """
+
+    turn: int = 0
+    parallel_tool_calls: bool | None = None
+    report: Reporter | None = None
+
+
+_CALL: ContextVar[CallInfo | None] = ContextVar("harnessd_model_call", default=None)
+_NO_CALL = CallInfo()
+
+
+@contextlib.contextmanager
+def calling(info: CallInfo) -> Iterator[None]:
+    """Describe the model call made inside the block (this task and its children only)."""
+    token = _CALL.set(info)
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+def current_call() -> CallInfo:
+    """The description of the model call in progress (an empty one outside :func:`calling`)."""
+    return _CALL.get() or _NO_CALL
 
 
 # -- the scripted model ---------------------------------------------------------------------
@@ -289,6 +345,35 @@ class ScriptedModel:
         return msgspec.structs.replace(turn, tool_calls=list(turn.tool_calls))
 
 
+class PacedModel:
+    """Another model, answering each turn only after ``seconds`` (a remote model's latency).
+
+    With ``jitter`` the wait is drawn uniformly from ``seconds * [1 - jitter,
+    1 + jitter]``, so many paced sessions started together drift apart as
+    real ones do. For benchmarks and tests at scale, where what happens
+    between turns matters as much as the turns.
+    """
+
+    def __init__(self, model: Model, seconds: float, *, jitter: float = 0.0) -> None:
+        if seconds < 0 or not 0 <= jitter <= 1:
+            raise ModelConfigError("seconds must be >= 0 and jitter within [0, 1]")
+        self.model = model
+        self.seconds = seconds
+        self.jitter = jitter
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        """The wrapped model's turn, after the pause."""
+        spread = self.seconds * self.jitter
+        await asyncio.sleep(self.seconds + random.uniform(-spread, spread))
+        return await self.model.complete(messages, tools)
+
+
 def _materialise(index: int, turn: _ScriptTurn) -> AssistantTurn:
     calls: list[ToolCall] = []
     for number, call in enumerate(turn.tool_calls, 1):
@@ -310,9 +395,14 @@ def _materialise(index: int, turn: _ScriptTurn) -> AssistantTurn:
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 """Largest response body accepted from the endpoint."""
 
-MAX_HEADER_LINE = 64 * 1024
-MAX_HEADERS = 256
-RETRY_STATUSES = frozenset({408, 409, 429})
+RETRY_STATUSES = frozenset({408, 409, 425, 429})
+"""Statuses retried besides every 5xx."""
+
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_RETRIES = 4
+DEFAULT_MAX_RETRY_WAIT = 120.0
+CONNECT_TIMEOUT = 30.0
+KEEPALIVE_EXPIRY = 60.0
 _EXCERPT = 300
 
 
@@ -344,76 +434,71 @@ class _WireReply(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     usage: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HttpReply:
-    """One HTTP response: status, lower-cased headers, body."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
+class _WireErrorDetail(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    param: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Endpoint:
-    secure: bool
-    host: str
-    port: int
-    path: str
-    host_header: str
+class _WireError(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    error: _WireErrorDetail | str | None = None
 
 
-def _endpoint(base_url: str) -> _Endpoint:
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ModelConfigError(f"base URL must be http(s)://host[:port][/path], not {base_url!r}")
-    if parts.username or parts.password:
-        raise ModelConfigError("base URL must not carry credentials; use the API key variable")
-    secure = parts.scheme == "https"
-    try:
-        port = parts.port or (443 if secure else 80)
-    except ValueError:
-        raise ModelConfigError(f"base URL has an invalid port: {base_url!r}") from None
-    path = parts.path.rstrip("/") + "/chat/completions"
-    host = parts.hostname
-    shown = f"[{host}]" if ":" in host else host
-    default_port = 443 if secure else 80
-    host_header = shown if port == default_port else f"{shown}:{port}"
-    return _Endpoint(secure=secure, host=host, port=port, path=path, host_header=host_header)
+class OutFunction(msgspec.Struct, kw_only=True):
+    """The function of a tool call, as requests carry it."""
+
+    name: str
+    arguments: str
 
 
-def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """``messages`` in the chat-completions request shape."""
-    out: list[dict[str, Any]] = []
+class OutToolCall(msgspec.Struct, kw_only=True):
+    """A tool call of an assistant message, as requests carry it."""
+
+    id: str
+    function: OutFunction
+    type: str = "function"
+
+
+class OutMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message of a request (``content`` is always sent, ``null`` included)."""
+
+    role: Role
+    content: str | None
+    tool_calls: list[OutToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class OutTool(msgspec.Struct, kw_only=True):
+    """One tool of a request."""
+
+    function: ToolSpec
+    type: str = "function"
+
+
+def wire_messages(messages: Sequence[ChatMessage]) -> list[OutMessage]:
+    """``messages`` in the chat-completions request shape (encode with msgspec)."""
+    out: list[OutMessage] = []
     for message in messages:
-        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        calls = None
         if message.tool_calls:
-            item["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
+            calls = [
+                OutToolCall(
+                    id=call.id, function=OutFunction(name=call.name, arguments=call.arguments)
+                )
                 for call in message.tool_calls
             ]
-        if message.tool_call_id is not None:
-            item["tool_call_id"] = message.tool_call_id
-        out.append(item)
+        out.append(
+            OutMessage(
+                role=message.role,
+                content=message.content,
+                tool_calls=calls,
+                tool_call_id=message.tool_call_id,
+            )
+        )
     return out
 
 
-def wire_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """``tools`` in the chat-completions request shape."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-            },
-        }
-        for tool in tools
-    ]
+def wire_tools(tools: Sequence[ToolSpec]) -> list[OutTool]:
+    """``tools`` in the chat-completions request shape (encode with msgspec)."""
+    return [OutTool(function=tool) for tool in tools]
 
 
 def parse_reply(body: bytes) -> AssistantTurn:
@@ -431,7 +516,7 @@ def parse_reply(body: bytes) -> AssistantTurn:
         if raw is None or raw == "":
             arguments = "{}"
         elif isinstance(raw, dict):
-            arguments = json.dumps(raw)
+            arguments = msgspec.json.encode(raw).decode()
         else:
             arguments = raw
         calls.append(
@@ -448,19 +533,138 @@ def parse_reply(body: bytes) -> AssistantTurn:
     )
 
 
+def completions_url(base_url: str) -> str:
+    """The chat-completions URL for ``base_url``.
+
+    ``/chat/completions`` is appended to the path unless it already ends so
+    (``https://host/v1``, ``https://host/v1/`` and
+    ``https://host/v1/chat/completions`` all give the last); a query string
+    is kept. ModelConfigError for anything but ``http(s)://host[:port][/path]``
+    without credentials.
+    """
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ModelConfigError(f"base URL must be http(s)://host[:port][/path], not {base_url!r}")
+    if parts.username or parts.password:
+        raise ModelConfigError("base URL must not carry credentials; use the API key variable")
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ModelConfigError(f"base URL has an invalid port: {base_url!r}") from None
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds an answer asks to wait before retrying, or None when it does not say.
+
+    ``retry-after-ms`` (milliseconds, sent by some endpoints) wins over
+    ``Retry-After``, which may be seconds or an HTTP date (a date in the past
+    means now). ``now`` is the Unix time to count a date from (default: the clock).
+    """
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        value = _seconds(millis)
+        if value is not None:
+            return value / 1000.0
+    text = headers.get("retry-after")
+    if text is None:
+        return None
+    seconds = _seconds(text)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(text.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    clock = time.time() if now is None else now
+    return max(0.0, when.timestamp() - clock)
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+_TLS_CONTEXTS: dict[tuple[str, str], ssl.SSLContext] = {}
+
+
+def default_tls_context() -> ssl.SSLContext:
+    """The certificate check for HTTPS endpoints and proxies.
+
+    ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` set: exactly those CAs (OpenSSL
+    reads the variables). Otherwise the system's CA store and certifi's
+    bundle together, so a host with no CA store of its own still works. One
+    context per distinct setting, shared by every model of the process.
+    """
+    key = (os.environ.get("SSL_CERT_FILE", ""), os.environ.get("SSL_CERT_DIR", ""))
+    context = _TLS_CONTEXTS.get(key)
+    if context is None:
+        context = ssl.create_default_context()
+        if key == ("", ""):
+            import certifi
+
+            context.load_verify_locations(certifi.where())
+        _TLS_CONTEXTS[key] = context
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """One HTTP response: status, headers (case-insensitive), body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def _retryable(status: int) -> bool:
+    return status in RETRY_STATUSES or status >= 500
+
+
 class OpenAIChatModel:
     """An OpenAI-compatible chat-completions endpoint with tool calling.
 
-    ``base_url``: e.g. ``https://api.openai.com/v1`` (requests go to
-    ``{base_url}/chat/completions``). ``api_key_env``: the *name* of the
-    environment variable holding the key, read once here (None: send no
-    ``Authorization`` header, for local servers that need none).
-    ``timeout``: seconds for one HTTP exchange. Retries: 408/409/429 and 5xx
-    answers and transport failures are retried up to ``max_retries`` times
-    with exponential backoff (``backoff`` doubling, capped at
-    ``max_backoff``, with jitter; a ``Retry-After`` in seconds is honoured up
-    to the cap). ``extra_body`` is merged into every request (temperature,
-    max_tokens, ...).
+    ``base_url``: e.g. ``https://api.openai.com/v1``; requests go to
+    ``{base_url}/chat/completions`` (see :func:`completions_url`).
+    ``api_key_env``: the *name* of the environment variable holding the key,
+    read once here (None: send no ``Authorization`` header, for local
+    servers that need none).
+
+    Transport: httpx with keep-alive (up to ``max_connections`` per event
+    loop), proxies from ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` unless
+    ``NO_PROXY`` names the host, certificates per
+    :func:`default_tls_context` (or ``ssl_context``). ``timeout``: seconds
+    one attempt may take, connecting included. Replies over
+    :data:`MAX_REPLY_BYTES` are refused.
+
+    Retries: 408, 409, 425, 429, every 5xx and transport failures are tried
+    again, up to ``max_retries`` more times. The wait is what the answer's
+    ``Retry-After`` (seconds or an HTTP date; ``retry-after-ms`` too) asks,
+    capped at ``max_retry_wait``; without one, exponential backoff from
+    ``backoff`` seconds doubling up to ``max_backoff``, with jitter. Each
+    retry is reported as a ``model_retry`` event to the agent's
+    :func:`current_call` reporter.
+
+    Request body: ``temperature`` and ``max_tokens`` when given;
+    ``parallel_tool_calls`` when tools are offered and the agent said how
+    the calls will run (:class:`CallInfo`), unless
+    ``send_parallel_tool_calls`` is False. An endpoint that refuses
+    ``parallel_tool_calls`` (400 naming it, as some reasoning models do) is
+    asked again without it, and ``max_tokens`` is renamed
+    ``max_completion_tokens`` for one that refuses that; each change is
+    reported (``model_adapted``) and kept for later turns. ``extra_body`` is
+    merged into every request: its keys win over these optional fields but
+    not over ``model``, ``messages`` and ``tools``.
+
+    Call :meth:`aclose` (or use ``async with``) to close the connections.
     """
 
     def __init__(
@@ -469,16 +673,22 @@ class OpenAIChatModel:
         base_url: str,
         api_key_env: str | None,
         *,
-        timeout: float = 120.0,
-        max_retries: int = 4,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_RETRIES,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        send_parallel_tool_calls: bool = True,
         extra_body: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = 100,
     ) -> None:
         self._model = model
-        self._endpoint = _endpoint(base_url)
+        self.url = completions_url(base_url)
         self.base_url = base_url
+        self._where = urlsplit(self.url).netloc
         self.api_key_env = api_key_env
         self._key: str | None = None
         if api_key_env is not None:
@@ -489,12 +699,31 @@ class OpenAIChatModel:
             if any(ch in key for ch in "\r\n"):
                 raise ModelConfigError("the API key (from api_key_env) contains a line break")
             self._key = key
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ModelConfigError(f"timeout must be a positive number of seconds, not {timeout}")
+        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+            raise ModelConfigError(f"temperature must be a number of at least 0, not {temperature}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ModelConfigError(f"max_tokens must be at least 1, not {max_tokens}")
+        if not (math.isfinite(max_retry_wait) and max_retry_wait >= 0):
+            raise ModelConfigError(f"max_retry_wait must be at least 0, not {max_retry_wait}")
         self.timeout = timeout
         self.max_retries = max(0, max_retries)
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.max_retry_wait = max_retry_wait
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.send_parallel_tool_calls = send_parallel_tool_calls
         self.extra_body = dict(extra_body or {})
+        self.max_connections = max(1, max_connections)
         self._ssl = ssl_context
+        self._max_tokens_field = "max_tokens"
+        self._headers = {"Content-Type": "application/json"}
+        if self._key is not None:
+            self._headers["Authorization"] = f"Bearer {self._key}"
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0
         self.retries = 0
 
@@ -505,166 +734,202 @@ class OpenAIChatModel:
     def name(self) -> str:
         return self._model
 
+    async def __aenter__(self) -> OpenAIChatModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections (idempotent; a later call opens new ones)."""
+        client, self._client = self._client, None
+        loop, self._client_loop = self._client_loop, None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()
+
     async def complete(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> AssistantTurn:
         """POST the conversation and the tools; return the parsed assistant turn."""
-        body: dict[str, Any] = {**self.extra_body, "model": self._model}
-        body["messages"] = wire_messages(messages)
-        if tools:
-            body["tools"] = wire_tools(tools)
-            body["tool_choice"] = "auto"
-        payload = json.dumps(body, ensure_ascii=False).encode()
-        reply = await self._post_with_retries(payload)
-        return parse_reply(reply.body)
+        call = current_call()
+        wired_messages = wire_messages(messages)
+        wired_tools = wire_tools(tools)
+        for _ in range(3):
+            body = self._body(wired_messages, wired_tools, call)
+            reply = await self._send(msgspec.json.encode(body), call)
+            if 200 <= reply.status < 300:
+                return parse_reply(reply.body)
+            if not self._adapt(reply, body, call):
+                raise self._http_error(reply)
+        raise self._http_error(reply)
 
-    async def _post_with_retries(self, payload: bytes) -> HttpReply:
+    def _body(
+        self, messages: list[OutMessage], tools: list[OutTool], call: CallInfo
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if tools:
+            body["tool_choice"] = "auto"
+            if self.send_parallel_tool_calls and call.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = call.parallel_tool_calls
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body[self._max_tokens_field] = self.max_tokens
+        body.update(self.extra_body)
+        body["model"] = self._model
+        body["messages"] = messages
+        if tools:
+            body["tools"] = tools
+        return body
+
+    def _adapt(self, reply: HttpReply, body: dict[str, Any], call: CallInfo) -> bool:
+        """Change what was refused (400 naming a field this client chose); True to ask again."""
+        if reply.status != 400:
+            return False
+        try:
+            detail = msgspec.json.decode(reply.body, type=_WireError).error
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        param = detail.param if isinstance(detail, _WireErrorDetail) else None
+        change: str | None = None
+        if (
+            param == "parallel_tool_calls"
+            and "parallel_tool_calls" in body
+            and "parallel_tool_calls" not in self.extra_body
+        ):
+            self.send_parallel_tool_calls = False
+            change = "parallel_tool_calls is no longer sent"
+        elif (
+            param == "max_tokens"
+            and self._max_tokens_field == "max_tokens"
+            and "max_tokens" in body
+            and "max_tokens" not in self.extra_body
+        ):
+            self._max_tokens_field = "max_completion_tokens"
+            change = "max_tokens is sent as max_completion_tokens"
+        if change is None:
+            return False
+        _report(call, "model_adapted", {"status": reply.status, "param": param, "change": change})
+        return True
+
+    async def _send(self, payload: bytes, call: CallInfo) -> HttpReply:
+        """POST ``payload``, retrying as the class docstring says; the last answer."""
+        attempts = self.max_retries + 1
         attempt = 0
         while True:
-            delay: float | None = None
+            attempt += 1
+            status: int | None = None
+            error: str | None = None
+            asked: float | None = None
             try:
                 reply = await self._post(payload)
-            except ModelTransportError:
-                if attempt >= self.max_retries:
+            except ModelTransportError as exc:
+                if attempt >= attempts:
+                    if attempts > 1:
+                        raise ModelTransportError(
+                            f"{exc} (gave up after {attempts} attempts)"
+                        ) from None
                     raise
+                error = str(exc)
             else:
-                if 200 <= reply.status < 300:
+                if not _retryable(reply.status) or attempt >= attempts:
                     return reply
-                if not (reply.status in RETRY_STATUSES or reply.status >= 500):
-                    raise self._http_error(reply)
-                if attempt >= self.max_retries:
-                    raise self._http_error(reply)
-                delay = _retry_after(reply.headers.get("retry-after"))
-            backoff = min(self.max_backoff, self.backoff * (2**attempt))
-            wait = backoff * random.uniform(0.5, 1.0) if delay is None else delay
-            attempt += 1
+                status = reply.status
+                asked = retry_after(reply.headers)
+            if asked is not None:
+                wait = min(asked, self.max_retry_wait)
+            else:
+                wait = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                wait *= random.uniform(0.5, 1.0)
             self.retries += 1
-            await asyncio.sleep(min(wait, self.max_backoff))
+            _report(
+                call,
+                "model_retry",
+                {
+                    "attempt": attempt,
+                    "attempts": attempts,
+                    "status": status,
+                    "error": error,
+                    "wait": round(wait, 3),
+                    "retry_after": None if asked is None else round(asked, 3),
+                    "capped": asked is not None and asked > self.max_retry_wait,
+                },
+            )
+            await asyncio.sleep(wait)
 
     def _http_error(self, reply: HttpReply) -> ModelHTTPError:
         text = reply.body[:_EXCERPT].decode("utf-8", "replace")
         if self._key:
             text = text.replace(self._key, "[redacted]")
         text = " ".join(text.split())
-        message = f"{self._endpoint.host_header} answered HTTP {reply.status}: {text}"
+        message = f"{self._where} answered HTTP {reply.status}: {text}"
+        if _retryable(reply.status) and self.max_retries:
+            message += f" (gave up after {self.max_retries + 1} attempts)"
         if reply.status in (401, 403):
             return ModelAuthError(message, reply.status)
         return ModelHTTPError(message, reply.status)
 
+    def _http(self) -> httpx.AsyncClient:
+        """This event loop's connection pool (a model used from a new loop gets a new one)."""
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._client_loop is loop:
+            return self._client
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            verify=self._ssl if self._ssl is not None else default_tls_context(),
+            trust_env=True,
+            follow_redirects=False,
+            timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT)),
+            limits=httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            ),
+            headers={"User-Agent": "harnessd", "Accept": "application/json", **self._headers},
+        )
+        self._client_loop = loop
+        return self._client
+
     async def _post(self, payload: bytes) -> HttpReply:
-        endpoint = self._endpoint
-        headers = [
-            f"POST {endpoint.path} HTTP/1.1",
-            f"Host: {endpoint.host_header}",
-            "User-Agent: harnessd",
-            "Accept: application/json",
-            "Content-Type: application/json",
-            f"Content-Length: {len(payload)}",
-            "Connection: close",
-        ]
-        if self._key is not None:
-            headers.append(f"Authorization: Bearer {self._key}")
-        request = ("\r\n".join(headers) + "\r\n\r\n").encode("latin-1") + payload
+        import httpx
+
+        client = self._http()
         self.requests += 1
-        where = f"{endpoint.host_header}"
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout):
-                return await _exchange(endpoint, request, self._tls())
-        except TimeoutError:
+            async with (
+                asyncio.timeout(self.timeout),
+                client.stream("POST", self.url, content=payload) as response,
+            ):
+                body = await _read_capped(response)
+                return HttpReply(response.status_code, response.headers, body)
+        except (TimeoutError, httpx.TimeoutException):
             spent = time.monotonic() - started
-            raise ModelTransportError(f"{where} did not answer within {spent:.1f} s") from None
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            raise ModelTransportError(f"HTTP exchange with {where} failed: {exc}") from None
-
-    def _tls(self) -> ssl.SSLContext | None:
-        if not self._endpoint.secure:
-            return None
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        return self._ssl
+            raise ModelTransportError(
+                f"{self._where} did not answer within {spent:.1f} s"
+            ) from None
+        except httpx.HTTPError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ModelTransportError(
+                f"HTTP exchange with {self._where} failed: {reason}"
+            ) from None
 
 
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
+async def _read_capped(response: httpx.Response) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_REPLY_BYTES:
+        raise ModelReplyError(f"the reply of {declared} bytes is over the {MAX_REPLY_BYTES} cap")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise ModelReplyError(f"the reply is over the {MAX_REPLY_BYTES} bytes cap")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-async def _exchange(endpoint: _Endpoint, request: bytes, tls: ssl.SSLContext | None) -> HttpReply:
-    reader, writer = await asyncio.open_connection(
-        endpoint.host,
-        endpoint.port,
-        ssl=tls,
-        server_hostname=endpoint.host if tls is not None else None,
-        limit=MAX_HEADER_LINE,
-    )
-    try:
-        writer.write(request)
-        await writer.drain()
-        return await read_response(reader)
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-
-
-async def read_response(reader: asyncio.StreamReader) -> HttpReply:
-    """Parse one HTTP/1.x response (Content-Length, chunked, or until EOF)."""
-    status_line = (await reader.readuntil(b"\n")).decode("latin-1").strip()
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ValueError(f"not an HTTP status line: {status_line[:80]!r}")
-    status = int(parts[1])
-    headers: dict[str, str] = {}
-    for _ in range(MAX_HEADERS + 1):
-        line = (await reader.readuntil(b"\n")).decode("latin-1").strip()
-        if not line:
-            break
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"malformed header line {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    else:
-        raise ValueError("too many response headers")
-    if 100 <= status < 200:
-        return await read_response(reader)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader)
-    elif "content-length" in headers:
-        length = int(headers["content-length"])
-        if not 0 <= length <= MAX_REPLY_BYTES:
-            raise ValueError(f"response body of {length} bytes is over the cap")
-        body = await reader.readexactly(length)
-    else:
-        body = await reader.read(MAX_REPLY_BYTES + 1)
-        while len(body) <= MAX_REPLY_BYTES:
-            more = await reader.read(MAX_REPLY_BYTES + 1 - len(body))
-            if not more:
-                break
-            body += more
-        if len(body) > MAX_REPLY_BYTES:
-            raise ValueError("response body is over the cap")
-    return HttpReply(status=status, headers=headers, body=body)
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size_line = (await reader.readuntil(b"\n")).decode("latin-1").strip()
-        size_text = size_line.split(";", 1)[0].strip()
-        if not size_text or any(ch not in string.hexdigits for ch in size_text):
-            raise ValueError(f"bad chunk size line {size_line[:40]!r}")
-        size = int(size_text, 16)
-        if size == 0:
-            while (await reader.readuntil(b"\n")).strip():
-                pass
-            return bytes(body)
-        if len(body) + size > MAX_REPLY_BYTES:
-            raise ValueError("response body is over the cap")
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
+def _report(call: CallInfo, event: str, fields: dict[str, Any]) -> None:
+    if call.report is not None:
+        call.report(event, fields)

@@ -1,17 +1,23 @@
 """The tools offered to the model, and their dispatch onto execd.
 
-Each tool has a JSON schema (:data:`TOOL_SPECS`, what the model sees), a
-bounded msgspec argument type (what the model's JSON must decode into), and
-a handler that calls execd through the session's current
-:class:`~harnessd.api.ExecdClient`. A handler returns text for the model; a
-failure becomes text too (``error: <Type> (code N): message``), so one bad
-call never ends the session. The text the model sees is cut to
-``output_cap`` characters (head and tail kept, with a marker saying how much
-was cut).
+Each tool is declared once: an argument Struct whose docstring is the
+tool's description and whose fields (types, bounds, ``about(...)``
+descriptions) are its parameters, and a handler registered with
+``@tool(name, Struct)``. The JSON schema the model sees
+(:data:`TOOL_SPECS`) is generated from the Struct (:func:`parameters_schema`),
+and the same Struct decodes the model's arguments, so what the model is
+told and what is accepted cannot drift apart. A handler calls execd
+through the session's current :class:`~harnessd.api.ExecdClient` and
+returns text for the model; a failure becomes text too
+(``error: <Type> (code N): message``), so one bad call never ends the
+session. The text the model sees is cut to ``output_cap`` characters (head
+and tail kept, with a marker saying how much was cut).
 
 One :class:`Toolbox` serves one agent session: it remembers the persistent
-shell sessions it opened, nothing else, and shares nothing with other
-toolboxes.
+shell sessions and services it opened, nothing else, and shares nothing
+with other toolboxes. With ``on_output``, the shell tool streams its
+command's output as it arrives (to that callback) and keeps a bounded head
+and tail of each stream for the result, as execd does in collected mode.
 
 Cancellation: a tool call's task, when cancelled (turn timeout, session
 timeout, caller cancel), cancels its execd call; execd then kills the
@@ -23,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -43,8 +51,21 @@ MAX_NAME = 64
 MAX_SECONDS = 24 * 3600.0
 DEFAULT_LOG_LINES = 100
 
-Path_ = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)]
-Command = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_COMMAND)]
+
+def about(text: str) -> msgspec.Meta:
+    """A parameter's description, as the model reads it in the tool's schema."""
+    return msgspec.Meta(description=text)
+
+
+Path_ = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=MAX_PATH),
+    about("a path; relative paths are under the workspace root"),
+]
+WorkDir = Annotated[Path_, about("working directory (default: the workspace root)")]
+Command = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_COMMAND), about("the command line")
+]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME, pattern=r"^[A-Za-z0-9_.-]+$")]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -55,209 +76,205 @@ class _Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ShellArgs(_Args):
+    """Run a shell command (/bin/sh -c) in the workspace and return its exit status, stdout and
+    stderr. Each call is a fresh shell; use session_run to keep state."""
+
     command: Command
-    cwd: Path_ | None = None
-    timeout: Seconds | None = None
+    cwd: WorkDir | None = None
+    timeout: Annotated[Seconds, about("seconds before it is killed")] | None = None
 
 
 class ReadFileArgs(_Args):
+    """Read a text file from the workspace."""
+
     path: Path_
-    offset: Annotated[int, msgspec.Meta(ge=0, le=2**62)] = 0
-    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**40)] | None = None
+    offset: Annotated[int, msgspec.Meta(ge=0, le=2**62), about("byte offset to start at")] = 0
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**40), about("most bytes to read")] | None = (
+        None
+    )
 
 
 class WriteFileArgs(_Args):
+    """Write (or append to) a text file in the workspace, creating parents."""
+
     path: Path_
-    content: Annotated[str, msgspec.Meta(max_length=MAX_CONTENT)]
-    append: bool = False
+    content: Annotated[str, msgspec.Meta(max_length=MAX_CONTENT), about("the text to write")]
+    append: Annotated[bool, about("append instead of replacing")] = False
 
 
 class ListFilesArgs(_Args):
+    """List a directory of the workspace (type, size, path)."""
+
     path: Path_ = "."
-    recursive: bool = False
+    recursive: Annotated[bool, about("descend into subdirectories")] = False
 
 
 class ProbeArgs(_Args):
-    type: Literal["tcp", "log", "command"]
-    port: Port | None = None
-    host: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] | None = None
-    pattern: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
-    command: Command | None = None
-    timeout: Seconds | None = None
+    """How to know the service is ready."""
+
+    type: Annotated[
+        Literal["tcp", "log", "command"],
+        about(
+            "tcp: a port accepts connections; log: a log line matches; "
+            "command: a check command exits 0"
+        ),
+    ]
+    port: Annotated[Port, about("tcp: the port")] | None = None
+    host: (
+        Annotated[
+            str,
+            msgspec.Meta(min_length=1, max_length=255),
+            about("tcp: the host (default 127.0.0.1)"),
+        ]
+        | None
+    ) = None
+    pattern: (
+        Annotated[
+            str, msgspec.Meta(min_length=1, max_length=4096), about("log: a regular expression")
+        ]
+        | None
+    ) = None
+    command: Annotated[Command, about("command: the check command line")] | None = None
+    timeout: Annotated[Seconds, about("seconds to wait for readiness")] | None = None
 
 
 class StartServiceArgs(_Args):
-    name: Name
+    """Start a long-running background service (a server, a watcher) under a name, optionally
+    waiting until a readiness probe succeeds."""
+
+    name: Annotated[Name, about("service name ([A-Za-z0-9_.-])")]
     command: Command
-    cwd: Path_ | None = None
+    cwd: WorkDir | None = None
     probe: ProbeArgs | None = None
 
 
 class ServiceLogsArgs(_Args):
-    name: Name
-    lines: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+    """The recent output of a service started with start_service."""
+
+    name: Annotated[Name, about("service name")]
+    lines: (
+        Annotated[int, msgspec.Meta(ge=1, le=100_000), about("how many last lines (default 100)")]
+        | None
+    ) = None
 
 
 class StopServiceArgs(_Args):
-    name: Name
+    """Stop a service started with start_service."""
+
+    name: Annotated[Name, about("service name")]
 
 
 class WaitForPathArgs(_Args):
+    """Wait until a path exists (or is absent, a file, a dir, nonempty)."""
+
     path: Path_
-    condition: Literal["exists", "absent", "file", "dir", "nonempty"] = "exists"
-    timeout: Seconds = 30.0
+    condition: Annotated[
+        Literal["exists", "absent", "file", "dir", "nonempty"], about("what to wait for")
+    ] = "exists"
+    timeout: Annotated[Seconds, about("seconds to wait (default 30)")] = 30.0
 
 
 class SessionRunArgs(_Args):
-    session: Name
+    """Run a command in a persistent shell session (opened on first use): the working directory,
+    exported variables and shell state persist between calls."""
+
+    session: Annotated[Name, about("session name ([A-Za-z0-9_.-])")]
     command: Command
-    timeout: Seconds | None = None
+    timeout: Annotated[Seconds, about("seconds before it is interrupted")] | None = None
 
 
-def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
+# -- schemas ---------------------------------------------------------------------------------
 
 
-_PATH = {"type": "string", "description": "a path; relative paths are under the workspace root"}
-_PROBE = {
-    "type": "object",
-    "description": "how to know the service is ready",
-    "properties": {
-        "type": {
-            "type": "string",
-            "enum": ["tcp", "log", "command"],
-            "description": "tcp: a port accepts connections; log: a log line matches; "
-            "command: a check command exits 0",
-        },
-        "port": {"type": "integer", "description": "tcp: the port"},
-        "host": {"type": "string", "description": "tcp: the host (default 127.0.0.1)"},
-        "pattern": {"type": "string", "description": "log: a regular expression"},
-        "command": {"type": "string", "description": "command: the check command line"},
-        "timeout": {"type": "number", "description": "seconds to wait for readiness"},
-    },
-    "required": ["type"],
-    "additionalProperties": False,
-}
+def parameters_schema(args: type[msgspec.Struct]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments as the model is shown it.
 
-TOOL_SPECS: tuple[ToolSpec, ...] = (
-    ToolSpec(
-        name="shell",
-        description=(
-            "Run a shell command (/bin/sh -c) in the workspace and return its exit status, "
-            "stdout and stderr. Each call is a fresh shell; use session_run to keep state."
-        ),
-        parameters=_schema(
-            {
-                "command": {"type": "string", "description": "the command line"},
-                "cwd": {"type": "string", "description": "working directory"},
-                "timeout": {"type": "number", "description": "seconds before it is killed"},
-            },
-            ["command"],
-        ),
-    ),
-    ToolSpec(
-        name="read_file",
-        description="Read a text file from the workspace.",
-        parameters=_schema(
-            {
-                "path": _PATH,
-                "offset": {"type": "integer", "description": "byte offset to start at"},
-                "max_bytes": {"type": "integer", "description": "most bytes to read"},
-            },
-            ["path"],
-        ),
-    ),
-    ToolSpec(
-        name="write_file",
-        description="Write (or append to) a text file in the workspace, creating parents.",
-        parameters=_schema(
-            {
-                "path": _PATH,
-                "content": {"type": "string", "description": "the text to write"},
-                "append": {"type": "boolean", "description": "append instead of replacing"},
-            },
-            ["path", "content"],
-        ),
-    ),
-    ToolSpec(
-        name="list_files",
-        description="List a directory of the workspace (type, size, path).",
-        parameters=_schema(
-            {
-                "path": _PATH,
-                "recursive": {"type": "boolean", "description": "descend into subdirectories"},
-            },
-            [],
-        ),
-    ),
-    ToolSpec(
-        name="start_service",
-        description=(
-            "Start a long-running background service (a server, a watcher) under a name, "
-            "optionally waiting until a readiness probe succeeds."
-        ),
-        parameters=_schema(
-            {
-                "name": {"type": "string", "description": "service name ([A-Za-z0-9_.-])"},
-                "command": {"type": "string", "description": "the command line"},
-                "cwd": {"type": "string", "description": "working directory"},
-                "probe": _PROBE,
-            },
-            ["name", "command"],
-        ),
-    ),
-    ToolSpec(
-        name="service_logs",
-        description="The recent output of a service started with start_service.",
-        parameters=_schema(
-            {
-                "name": {"type": "string"},
-                "lines": {"type": "integer", "description": "how many last lines (default 100)"},
-            },
-            ["name"],
-        ),
-    ),
-    ToolSpec(
-        name="stop_service",
-        description="Stop a service started with start_service.",
-        parameters=_schema({"name": {"type": "string"}}, ["name"]),
-    ),
-    ToolSpec(
-        name="wait_for_path",
-        description="Wait until a path exists (or is absent, a file, a dir, nonempty).",
-        parameters=_schema(
-            {
-                "path": _PATH,
-                "condition": {
-                    "type": "string",
-                    "enum": ["exists", "absent", "file", "dir", "nonempty"],
-                },
-                "timeout": {"type": "number", "description": "seconds to wait (default 30)"},
-            },
-            ["path"],
-        ),
-    ),
-    ToolSpec(
-        name="session_run",
-        description=(
-            "Run a command in a persistent shell session (opened on first use): the working "
-            "directory, exported variables and shell state persist between calls."
-        ),
-        parameters=_schema(
-            {
-                "session": {"type": "string", "description": "session name ([A-Za-z0-9_.-])"},
-                "command": {"type": "string", "description": "the command line"},
-                "timeout": {"type": "number", "description": "seconds before it is interrupted"},
-            },
-            ["session", "command"],
-        ),
-    ),
-)
+    ``msgspec.json.schema(args)`` made self-contained and plain: references
+    inlined (no ``$defs``), titles dropped, the root's description left to
+    the tool's, string enums typed, and a ``X | None = None`` field shown as
+    an optional ``X`` (a model leaves it out rather than sending null; null
+    is still accepted).
+    """
+    schema = msgspec.json.schema(args)
+    root = _plain(schema, schema.get("$defs", {}))
+    root.pop("description", None)
+    return root
+
+
+def _plain(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    node = dict(node)
+    ref = node.pop("$ref", None)
+    if ref is not None:
+        node = {**definitions[ref.rsplit("/", 1)[1]], **node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("$defs", "title"):
+            continue
+        if key == "properties":
+            out[key] = {name: _plain(sub, definitions) for name, sub in value.items()}
+        elif key in ("anyOf", "oneOf", "allOf"):
+            out[key] = [_plain(sub, definitions) for sub in value]
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _plain(value, definitions)
+        else:
+            out[key] = value
+    branches = out.get("anyOf")
+    if branches is not None and "default" in out and out["default"] is None:
+        kept = [branch for branch in branches if branch != {"type": "null"}]
+        if len(kept) == 1 and len(branches) == 2:
+            rest = {k: v for k, v in out.items() if k not in ("anyOf", "default")}
+            out = {**kept[0], **rest}
+    enum = out.get("enum")
+    if enum is not None and "type" not in out and all(isinstance(v, str) for v in enum):
+        out["type"] = "string"
+    return out
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+A = TypeVar("A", bound=_Args)
+Handler = Callable[["Toolbox", A, "CallContext"], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """One tool: its name, argument type, handler, and the spec the model sees."""
+
+    name: str
+    args: type[_Args]
+    handler: Handler[Any]
+    spec: ToolSpec
+    decoder: msgspec.json.Decoder[Any]
+
+
+TOOLS: dict[str, Tool] = {}
+"""Every tool by name, in the order they are offered."""
+
+
+def tool(name: str, args: type[A]) -> Callable[[Handler[A]], Handler[A]]:
+    """Register the decorated Toolbox method as tool ``name`` taking ``args``."""
+
+    def register(handler: Handler[A]) -> Handler[A]:
+        if name in TOOLS:
+            raise RuntimeError(f"tool {name!r} is declared twice")
+        description = " ".join(inspect.cleandoc(args.__doc__ or "").split())
+        spec = ToolSpec(name=name, description=description, parameters=parameters_schema(args))
+        TOOLS[name] = Tool(name, args, handler, spec, msgspec.json.Decoder(args))
+        return handler
+
+    return register
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """The call a handler serves, and where its live output goes (None: nowhere)."""
+
+    call: ToolCall
+    output: Callable[[str, bytes], None] | None = None
+
+
+OutputListener = Callable[[ToolCall, str, bytes], None]
+"""Receives ``(call, stream name, bytes)`` as a command's output arrives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +343,38 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-Handler = Callable[[Any], Awaitable[str]]
+class HeadTail:
+    """At most ``cap`` bytes of a stream: its first ``cap // 2`` and its last ``cap - cap // 2``.
+
+    The same shape execd returns in collected mode, so :func:`format_run`
+    reads either; ``dropped`` counts the bytes lost between head and tail.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        """Take the next bytes of the stream."""
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            # Trim in bulk: at most twice the tail is ever held.
+            if len(self.tail) > 2 * self.tail_cap:
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    def value(self) -> tuple[bytes, int]:
+        """The kept bytes (head then tail) and how many were dropped between them."""
+        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
+        kept = bytes(self.head) + tail
+        return kept, self.total - len(kept)
 
 
 class Toolbox:
@@ -335,7 +383,8 @@ class Toolbox:
     ``client``: returns the session's current client (it may change after a
     reconnect). ``session_prefix``: prepended to persistent shell session
     and service names in execd, so agent sessions sharing one execd do not
-    collide.
+    collide. ``on_output``: when given, shell commands stream their output
+    to it as it arrives (see the module docstring).
     """
 
     def __init__(
@@ -344,24 +393,15 @@ class Toolbox:
         config: ToolConfig | None = None,
         *,
         session_prefix: str = "",
+        on_output: OutputListener | None = None,
     ) -> None:
         self._client = client
         self.config = config or ToolConfig()
         self.prefix = session_prefix
+        self.on_output = on_output
         self.opened_sessions: set[str] = set()
         self.started_services: set[str] = set()
         self._interrupted: set[str] = set()
-        self._handlers: dict[str, tuple[type[_Args], Handler]] = {
-            "shell": (ShellArgs, self._shell),
-            "read_file": (ReadFileArgs, self._read_file),
-            "write_file": (WriteFileArgs, self._write_file),
-            "list_files": (ListFilesArgs, self._list_files),
-            "start_service": (StartServiceArgs, self._start_service),
-            "service_logs": (ServiceLogsArgs, self._service_logs),
-            "stop_service": (StopServiceArgs, self._stop_service),
-            "wait_for_path": (WaitForPathArgs, self._wait_for_path),
-            "session_run": (SessionRunArgs, self._session_run),
-        }
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -371,21 +411,23 @@ class Toolbox:
     async def call(self, call: ToolCall) -> ToolResult:
         """Run one tool call; never raises except CancelledError."""
         started = time.perf_counter()
-        entry = self._handlers.get(call.name)
+        entry = TOOLS.get(call.name)
         ok, error = True, None
         if entry is None:
-            text = f"error: unknown tool {call.name!r}; the tools are: {', '.join(self._handlers)}"
+            text = f"error: unknown tool {call.name!r}; the tools are: {', '.join(TOOLS)}"
             ok, error = False, "UnknownTool"
         else:
-            args_type, handler = entry
             try:
-                args = msgspec.json.decode(call.arguments or "{}", type=args_type)
+                args = entry.decoder.decode(call.arguments or "{}")
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 text = f"error: invalid arguments for {call.name}: {exc}"
                 ok, error = False, "InvalidArguments"
             else:
+                output = None
+                if self.on_output is not None:
+                    output = functools.partial(self.on_output, call)
                 try:
-                    text = await handler(args)
+                    text = await entry.handler(self, args, CallContext(call, output))
                 except (HarnessError, ToolFailed, OSError, ValueError) as exc:
                     text, ok, error = describe_error(exc), False, type(exc).__name__
         ms = (time.perf_counter() - started) * 1000.0
@@ -438,8 +480,11 @@ class Toolbox:
 
     # -- handlers ------------------------------------------------------------------
 
-    async def _shell(self, args: ShellArgs) -> str:
+    @tool("shell", ShellArgs)
+    async def _shell(self, args: ShellArgs, context: CallContext) -> str:
         cap = self._exec_cap()
+        if context.output is not None:
+            return await self._shell_streaming(args, cap, context.output)
         params = shell.RunParams(
             command=args.command,
             cwd=self._cwd(args.cwd),
@@ -457,7 +502,38 @@ class Toolbox:
             raise
         return format_run(result, cap)
 
-    async def _read_file(self, args: ReadFileArgs) -> str:
+    async def _shell_streaming(
+        self, args: ShellArgs, cap: int, output: Callable[[str, bytes], None]
+    ) -> str:
+        """The shell tool with live output: each chunk to ``output``, a bounded copy kept."""
+        running = self._client().run_streaming(
+            command=args.command, cwd=self._cwd(args.cwd), timeout=self._timeout(args.timeout)
+        )
+        kept = {shell.STDOUT_STREAM: HeadTail(cap), shell.STDERR_STREAM: HeadTail(cap)}
+        try:
+            async for stream, data in running.output():
+                kept[stream].add(data)
+                output(stream, data)
+            result = await running.result()
+        except asyncio.CancelledError:
+            running.cancel()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.config.cancel_grace):
+                    await running.result()
+            raise
+        stdout, stdout_dropped = kept[shell.STDOUT_STREAM].value()
+        stderr, stderr_dropped = kept[shell.STDERR_STREAM].value()
+        collected = msgspec.structs.replace(
+            result,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_dropped=stdout_dropped,
+            stderr_dropped=stderr_dropped,
+        )
+        return format_run(collected, cap)
+
+    @tool("read_file", ReadFileArgs)
+    async def _read_file(self, args: ReadFileArgs, context: CallContext) -> str:
         cap = min(args.max_bytes or self.config.read_cap, self.config.read_cap)
         data = await self._client().read_file(
             self._path(args.path), offset=args.offset, length=cap + 1
@@ -468,14 +544,16 @@ class Toolbox:
             text += f"\n[... file continues past byte {args.offset + cap}; read with offset ...]"
         return text
 
-    async def _write_file(self, args: WriteFileArgs) -> str:
+    @tool("write_file", WriteFileArgs)
+    async def _write_file(self, args: WriteFileArgs, context: CallContext) -> str:
         data = args.content.encode()
         path = self._path(args.path)
         await self._client().write_file(path, data, create_parents=True, append=args.append)
         verb = "appended" if args.append else "wrote"
         return f"{verb} {len(data)} bytes to {path}"
 
-    async def _list_files(self, args: ListFilesArgs) -> str:
+    @tool("list_files", ListFilesArgs)
+    async def _list_files(self, args: ListFilesArgs, context: CallContext) -> str:
         path = self._path(args.path)
         listing = await self._client().list_dir(
             path, recursive=args.recursive, limit=self.config.list_limit
@@ -491,14 +569,16 @@ class Toolbox:
             lines.append(f"({path} is empty)")
         return "\n".join(lines)
 
-    async def _wait_for_path(self, args: WaitForPathArgs) -> str:
+    @tool("wait_for_path", WaitForPathArgs)
+    async def _wait_for_path(self, args: WaitForPathArgs, context: CallContext) -> str:
         path = self._path(args.path)
         result = await self._client().wait_for_path(
             path, condition=args.condition, timeout=min(args.timeout, self.config.max_timeout)
         )
         return f"{path}: {args.condition} after {result.waited:.3f} s"
 
-    async def _start_service(self, args: StartServiceArgs) -> str:
+    @tool("start_service", StartServiceArgs)
+    async def _start_service(self, args: StartServiceArgs, context: CallContext) -> str:
         name = self._name(args.name)
         probe = _probe(args.probe, self.config.probe_timeout) if args.probe else None
         info = await self._client().start_service(
@@ -507,7 +587,8 @@ class Toolbox:
         self.started_services.add(name)
         return format_service(info)
 
-    async def _service_logs(self, args: ServiceLogsArgs) -> str:
+    @tool("service_logs", ServiceLogsArgs)
+    async def _service_logs(self, args: ServiceLogsArgs, context: CallContext) -> str:
         logs = await self._client().service_logs(
             self._name(args.name),
             lines=args.lines if args.lines is not None else DEFAULT_LOG_LINES,
@@ -516,13 +597,15 @@ class Toolbox:
         head = f"log bytes {logs.start}..{logs.end} of {logs.size}"
         return f"{head}\n{_text(logs.data)}" if logs.data else f"{head} (empty)"
 
-    async def _stop_service(self, args: StopServiceArgs) -> str:
+    @tool("stop_service", StopServiceArgs)
+    async def _stop_service(self, args: StopServiceArgs, context: CallContext) -> str:
         name = self._name(args.name)
         info = await self._client().stop_service(name)
         self.started_services.discard(name)
         return format_service(info)
 
-    async def _session_run(self, args: SessionRunArgs) -> str:
+    @tool("session_run", SessionRunArgs)
+    async def _session_run(self, args: SessionRunArgs, context: CallContext) -> str:
         client = self._client()
         name = self._name(args.session)
         if name not in self.opened_sessions:
@@ -552,6 +635,10 @@ class Toolbox:
         if result.session_ended:
             self.opened_sessions.discard(name)
         return format_session_run(result, cap)
+
+
+TOOL_SPECS: tuple[ToolSpec, ...] = tuple(entry.spec for entry in TOOLS.values())
+"""What the model is offered, in order."""
 
 
 def _probe(args: ProbeArgs, default_timeout: float) -> services.Probe:

@@ -2,11 +2,20 @@
 
 Every record has ``event`` (its kind), ``session`` and ``t`` (seconds since
 the trace was opened), then the event's fields. Kinds written by the agent
-loop: ``session_start``, ``model_turn``, ``tool_call`` (name, arguments,
-``ms``, ``ok``, truncated result), ``turn_end``, ``sync`` (the ledger sync
-figures), ``session_end`` and ``cleanup``. Listeners (for example a
-transcript printer) get every record as it is written, whether or not a file
-is attached.
+loop: ``session_start``, ``model_start`` (a model call begins),
+``model_retry`` (attempt, attempts, status or error, wait, retry_after,
+capped), ``model_adapted`` (a field the endpoint refused was changed),
+``model_turn``, ``model_error``, ``tool_start`` (id, name, arguments),
+``tool_call`` (name, arguments, ``ms``, ``ok``, truncated result; written as
+each call ends), ``turn_end``, ``sync`` / ``sync_error`` (the ledger sync
+figures), ``session_end`` (always the session's last: reason ``finished``,
+``max_turns``, ``session_timeout``, ``model_error``, ``interrupted`` or
+``error``); the command line adds ``signal`` and ``cleanup``.
+
+Listeners (a transcript printer, a progress display) get every record as it
+is written, whether or not a file is attached, and also the notifications
+sent with :meth:`Trace.notify` (``tool_output``: live command output), which
+are never written to the file.
 """
 
 from __future__ import annotations
@@ -56,18 +65,30 @@ class Trace:
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one record and return it."""
-        record: dict[str, Any] = {
-            "event": event,
-            "session": self.session,
-            "t": round(time.monotonic() - self._start, 6),
-        }
-        record.update(fields)
+        record = self._record(event, fields)
         if self._file is not None:
             self._file.write(json.dumps(record, default=_default, ensure_ascii=False) + "\n")
             self._file.flush()
         self.records += 1
         for listener in self._listeners:
             listener(record)
+        return record
+
+    def notify(self, event: str, **fields: Any) -> None:
+        """Deliver a record to the listeners only (not written, not counted)."""
+        if not self._listeners:
+            return
+        record = self._record(event, fields)
+        for listener in self._listeners:
+            listener(record)
+
+    def _record(self, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "event": event,
+            "session": self.session,
+            "t": round(time.monotonic() - self._start, 6),
+        }
+        record.update(fields)
         return record
 
     def close(self) -> None:

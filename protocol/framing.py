@@ -18,6 +18,11 @@ bytes should go and :meth:`FrameReader.buffer_updated` takes note of how
 many arrived. While a large body (64 KiB or more) is being filled, that is
 the rest of the body itself, so its bytes are copied by the kernel only;
 otherwise it is a small scratch area whose bytes are fed as by :meth:`feed`.
+The scratch area belongs to the thread, not to the reader: its bytes are
+copied out in :meth:`FrameReader.buffer_updated`, which follows
+:meth:`FrameReader.get_buffer` before any other reader on the thread is
+asked for a buffer (an event loop receives on one transport at a time), so
+a thousand idle connections hold one scratch area, not a thousand.
 A caller done with a large body hands it back with :meth:`FrameReader.recycle`
 and the next body of the same size is received into it (stream chunks mostly
 have one size), sparing an allocation and its zero-fill per frame.
@@ -29,6 +34,7 @@ have one size), sparing an allocation and its zero-fill per frame.
 from __future__ import annotations
 
 import struct
+import threading
 from typing import Final
 
 import msgspec
@@ -41,6 +47,17 @@ _COMPACT_AT: Final = 256 * 1024
 _PREALLOCATE_AT: Final = 64 * 1024
 #: Size of the scratch area :meth:`FrameReader.get_buffer` offers between large bodies.
 SCRATCH_SIZE: Final = 64 * 1024
+
+_per_thread = threading.local()
+
+
+def _thread_scratch() -> memoryview:
+    """This thread's scratch area, shared by every reader used on the thread."""
+    try:
+        scratch: memoryview = _per_thread.scratch
+    except AttributeError:
+        scratch = _per_thread.scratch = memoryview(bytearray(SCRATCH_SIZE))
+    return scratch
 
 
 class FrameReader:
@@ -71,14 +88,13 @@ class FrameReader:
 
         The caller writes up to ``len()`` bytes into it, then calls
         :meth:`buffer_updated` with the count before anything else touches
-        the reader.
+        the reader, and before any other reader on this thread is asked for
+        a buffer (the scratch area is the thread's).
         """
         body = self._body
         if body is not None and self._filled < len(body):
             return memoryview(body)[self._filled :]
-        scratch = self._scratch
-        if scratch is None:
-            scratch = self._scratch = memoryview(bytearray(SCRATCH_SIZE))
+        scratch = self._scratch = _thread_scratch()
         return scratch
 
     def buffer_updated(self, nbytes: int) -> None:

@@ -35,6 +35,8 @@ MAC_SIZE = 32
 AEAD_TAG_SIZE = 16
 #: Room reserved in a frame for the Chunk envelope around its data.
 CHUNK_OVERHEAD = 1024
+#: Room reserved in a frame for the Reply envelope around its result.
+REPLY_OVERHEAD = 64
 
 #: Longest method, stream or event name.
 MAX_NAME = 128

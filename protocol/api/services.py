@@ -264,6 +264,8 @@ class ListResult(_Message):
     """Every remembered service, in start order."""
 
     services: list[ServiceInfo]
+    #: Set when more remained than fit one reply frame to the client (the first are listed).
+    truncated: bool = False
 
 
 class StopParams(_Message):

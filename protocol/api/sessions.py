@@ -14,7 +14,8 @@ shell (``. file``), so ``cd``, ``export``, heredocs and everything else of
 the shell language behave as typed at a prompt. Its stdin is ``/dev/null``
 (or the ``stdin`` bytes of the call); its stdout and stderr are collected,
 each capped at ``output_cap`` bytes of which the first half (head) and the
-last half (tail) are kept. The exit status travels back on a channel of its
+last half (tail) are kept, both cut together to fit one reply frame as for
+``shell.run``. The exit status travels back on a channel of its
 own, never in the output, so nothing a command prints can fake or hide it.
 
 Background jobs (``cmd &``) do not delay the reply; output they write while
@@ -197,3 +198,5 @@ class ListResult(_Message):
     """Every session, in open order."""
 
     sessions: list[SessionInfo]
+    #: Set when more remained than fit one reply frame to the client (the first are listed).
+    truncated: bool = False

@@ -8,7 +8,9 @@ SIGTERM to the whole group and SIGKILL after ``kill_grace``.
 Streams: with ``stream=True`` output goes live to the client on the streams
 :data:`STDOUT_STREAM` and :data:`STDERR_STREAM` (each ended before the
 result); otherwise it is collected, each stream capped at ``output_cap``
-bytes of which the first half (head) and the last half (tail) are kept. With
+bytes of which the first half (head) and the last half (tail) are kept, and
+both captures are cut together by the same rule to fit one reply frame to the
+client (PROTOCOL.md, section 15.4). With
 ``stdin_stream=True`` the command's stdin is fed from the client's
 :data:`STDIN_STREAM`; with ``stdin`` bytes it reads those; otherwise it reads
 ``/dev/null``.
@@ -124,7 +126,7 @@ class RunResult(_Message):
     the command was killed by that signal). ``timed_out``/``idle_out`` say the
     daemon stopped it. In collected mode ``stdout``/``stderr`` hold the output
     (partial after a timeout); when ``stdout_dropped`` is positive, the first
-    ``output_cap // 2`` bytes of ``stdout`` are its head and the rest its
+    ``len(stdout) // 2`` bytes of ``stdout`` are its head and the rest its
     tail, with ``stdout_dropped`` bytes lost between them (same for stderr).
     ``pipes_held_open``: something the command left behind still held its
     output pipes when the drain grace ran out; output after that is lost.
@@ -207,6 +209,8 @@ class ListResult(_Message):
     """Every detached command the daemon remembers, oldest first."""
 
     commands: list[CommandInfo]
+    #: Set when more remained than fit one reply frame to the client (the first are listed).
+    truncated: bool = False
 
 
 class StatusParams(_Message):

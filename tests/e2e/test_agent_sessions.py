@@ -16,9 +16,7 @@ import shlex
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from harnessd.runtime import LocalRuntime
 from harnessd.tools import TOOL_SPECS, ToolConfig
 from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop
+from tests.support.chat_endpoint import ChatEndpoint
 from tests.support.daemon import RunningExecd, start_execd
 from tests.support.procs import cmdline
 
@@ -327,39 +326,8 @@ KEY_VAR = "HARNESSD_E2E_MODEL_KEY"
 KEY = "sk-e2e-do-not-leak-7f3a9c"
 
 
-class ScriptedEndpoint:
+class ScriptedEndpoint(ChatEndpoint):
     """A chat-completions server that decides its answer from the request's messages."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.auth: list[str | None] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                outer.auth.append(self.headers.get("Authorization"))
-                data = json.dumps(outer.answer(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        ).start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         tool_results = [m for m in body["messages"] if m["role"] == "tool"]
@@ -374,10 +342,6 @@ class ScriptedEndpoint:
         else:
             return _chat(f"finished after {step} tool results", [])
         return _chat(None, calls)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _chat(content: str | None, calls: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,17 +24,8 @@ from tests.support.daemon import start_execd
 pytestmark = pytest.mark.timeout(120)
 
 
-def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    child_env = dict(os.environ, TMPDIR=str(tmp_path))
-    child_env.update(env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "harnessd", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env,
-        cwd=str(tmp_path),
-    )
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return cli.spawn(tmp_path, "harnessd", *args)
 
 
 def _wait_marked(marker: str, count: int, timeout: float = 30.0) -> list[int]:
@@ -91,7 +81,7 @@ def test_demo_closes_the_session_on_a_stop_signal(tmp_path: Path, signum: int) -
 
 
 def _run_args(model_port: int, workspace: Path) -> list[str]:
-    """``harnessd run`` against the model endpoint on ``model_port`` (a local execd)."""
+    """``harnessd run`` against the model endpoint on ``model_port`` (a local execd), no progress."""
     base_url = f"http://127.0.0.1:{model_port}/v1"
     return [
         "run",
@@ -103,6 +93,7 @@ def _run_args(model_port: int, workspace: Path) -> list[str]:
         "t",
         "--workspace",
         str(workspace),
+        "--quiet",  # stderr: only what the command has to say
     ]
 
 

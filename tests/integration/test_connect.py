@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,5 +105,22 @@ def test_upload_of_what_is_not_a_file_is_a_typed_error(
             result = await client.upload(str(source), str(tmp_path / "copy"))
             assert result.size == source.stat().st_size
             assert (tmp_path / "copy").read_bytes() == source.read_bytes()
+
+    asyncio.run(main())
+
+
+def test_a_stalled_event_loop_does_not_give_up_its_connections(daemon: RunningExecd) -> None:
+    """Keepalive counts unanswered pings: a harness held up for many intervals keeps its sessions."""
+
+    async def main() -> None:
+        async with harnessd.connect(
+            daemon.host, daemon.port, daemon.token, keepalive=0.5
+        ) as client:
+            await client.noop()
+            await asyncio.sleep(1.2)  # a few pings answered
+            time.sleep(3.0)  # the stall under test: six intervals, no ping out, nothing read
+            await asyncio.sleep(1.0)  # ticks resume, the pings are answered again
+            assert not client.closed
+            await client.noop()
 
     asyncio.run(main())

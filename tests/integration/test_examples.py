@@ -8,14 +8,19 @@ ssh's remote shell (ssh joins its arguments into one line for ``sh -c``).
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from execd.marker import find_marked
 from tests.support.daemon import start_execd
-from tests.support.procs import run_python
+from tests.support.procs import run_python, wait_until_none_mention
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -77,3 +82,41 @@ def test_connect_to_a_running_execd(tmp_path: Path) -> None:
         refused = run_example("connect.py", *args, "true", cwd=tmp_path, env=env)
         assert refused.returncode == 2 and "authentication" in refused.stderr
         assert find_marked("EXECD_MARKER", daemon.marker) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_rollouts(tmp_path: Path) -> None:
+    """The README's Ray example: a local Ray cluster, two actors, eight rollouts, nothing left."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    # Ray keeps its sockets under its temporary directory: the path must stay short.
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    try:
+        env = dict(os.environ, RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0")
+        done = run_python(str(EXAMPLES / "ray_rollouts.py"), cwd=tmp_path, env=env, timeout=280)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 8, done.stdout
+    assert all(": finished, answer 42, 2 tool calls, ledger seq 9, " in line for line in lines)
+    tags = {
+        match.group(1) for match in re.finditer(r" on (rollouts-[0-9a-f]+)-a[01]:", done.stdout)
+    }
+    assert len(tags) == 1, done.stdout
+    assert wait_until_none_mention(tags.pop(), 15.0) == []
+
+
+@pytest.mark.timeout(120)
+def test_verifiers_runtime(tmp_path: Path) -> None:
+    """The README's verifiers example: files, a command, a background server, a capped read."""
+    pytest.importorskip(
+        "verifiers", reason="the verifiers extra is not installed (pip install -e '.[verifiers]')"
+    )
+    done = run_example("verifiers_runtime.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == (
+        "capped read: read 'task/answer.txt': over the 1 byte limit\nverifiers runtime: ok\n"
+    )
+    # stop() took the background server with it.
+    assert wait_until_none_mention("echo ready; sleep 600", 10.0) == []

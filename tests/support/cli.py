@@ -41,6 +41,30 @@ def run(
     )
 
 
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+"""Proxy settings a test's child must not inherit when it talks to loopback servers."""
+
+
+def spawn(
+    tmp_path: Path, module: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``python -m MODULE ARGS`` started in ``tmp_path`` (also its TMPDIR), pipes as text.
+
+    The child gets no proxy settings, so loopback servers are reached directly.
+    """
+    child_env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
+    child_env["TMPDIR"] = str(tmp_path)
+    child_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+        cwd=str(tmp_path),
+    )
+
+
 def one_line(stderr: str, command: str) -> str:
     """The single stderr line of a mistake: no traceback, starts with the command's name."""
     assert "Traceback" not in stderr, stderr

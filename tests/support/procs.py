@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from bench.agents import processes_mentioning
 
 
 def state(pid: int) -> str | None:
@@ -108,3 +111,21 @@ def run_python(
         timeout=timeout,
         check=False,
     )
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """Poll until ``pid`` is gone (or a zombie); False if it is still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def wait_until_none_mention(tag: str, timeout: float) -> list[str]:
+    """Poll until no process carries ``tag`` in its environment or argv; what is left then."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_mentioning(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

@@ -18,7 +18,7 @@ import pytest
 
 from bench.suite import ROW_KEYS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         [sys.executable, "-m", "bench", "--quick", "--out", str(out), "--tmp", str(scratch)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=400,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -60,7 +60,7 @@ def test_every_row_is_present_with_numbers(quick_run: tuple[Path, dict[str, Any]
 def test_targets_are_evaluated_not_asserted(quick_run: tuple[Path, dict[str, Any]]) -> None:
     _, data = quick_run
     targets = {row["key"]: row["target"] for row in data["rows"] if row["target"]}
-    assert set(targets) == {
+    required = {
         "noop.execd",
         "noop.execd_aes",
         "pipe.execd",
@@ -73,7 +73,15 @@ def test_targets_are_evaluated_not_asserted(quick_run: tuple[Path, dict[str, Any
         "memory.idle",
         "memory.stream",
         "turn.concurrent",
+        "scale.connect",
+        "scale.rss",
+        "scale.cpu_many",
+        "scale.keepalive",
     }
+    # The open-loop latency target applies only at rates that kept our processes below
+    # half of the machine's cores, which a loaded machine decides.
+    optional = {"scale.open_low", "scale.open_mid", "scale.open_high"}
+    assert required <= set(targets) <= required | optional
     for key, target in targets.items():
         assert isinstance(target["met"], bool), key
         assert _number(target["value"]) and _number(target["limit"]), key

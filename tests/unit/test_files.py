@@ -11,7 +11,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -39,8 +38,7 @@ from execd.errors import (
     StreamError,
     TooLarge,
 )
-from execd.files import FilesCapability, run_blocking, run_interruptible
-from execd.fsops import Interrupted
+from execd.files import FilesCapability
 from protocol.api.files import (
     METHODS,
     ChmodParams,
@@ -184,56 +182,6 @@ def test_schema_bounds_reject_absurd_values() -> None:
     decoded = msgspec.msgpack.decode(encode({"path": "a", "future": 1}), type=ReadParams)
     assert decoded == ReadParams(path="a")
     assert msgspec.msgpack.decode(encode(ReadParams(path="a"))) == {"path": "a"}
-
-
-# -- worker threads and cancellation -------------------------------------------------
-
-
-def test_run_blocking_cancellation_waits_for_the_worker() -> None:
-    async def main() -> None:
-        started, release = threading.Event(), threading.Event()
-        discarded: list[int] = []
-
-        def work() -> int:
-            started.set()
-            release.wait(60)
-            return 7
-
-        task = asyncio.create_task(run_blocking(work, discard=discarded.append))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.sleep(0.2)
-        task.cancel()  # a second cancellation must not cut the wait short either
-        await asyncio.sleep(0.2)
-        assert not task.done(), "cancellation was delivered while the worker still ran"
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert discarded == [7]
-
-    asyncio.run(main())
-
-
-def test_run_interruptible_signals_the_worker() -> None:
-    async def main() -> None:
-        started = threading.Event()
-        seen: list[bool] = []
-
-        def work(cancel: threading.Event) -> None:
-            started.set()
-            seen.append(cancel.wait(60))
-            raise Interrupted
-
-        task = asyncio.create_task(run_interruptible(work))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert seen == [True]
-
-    asyncio.run(main())
 
 
 # -- files.read ----------------------------------------------------------------------
@@ -559,6 +507,28 @@ def test_write_through_symlink_updates_the_link_target(tmp_path: Path) -> None:
     assert link.is_symlink() and real.read_bytes() == b"new"
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
     assert leftovers(tmp_path, {"real.txt", "link.txt"}) == set()
+
+
+def test_write_refuses_special_files_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ctx = LocalContext()
+    for atomic in (False, True):
+        # A FIFO without a reader: the open must not wait for one.
+        error = fails(
+            NotSupported, CAP.write(WriteParams(path=str(fifo), data=b"x", atomic=atomic), ctx)
+        )
+        assert error.data == {"path": str(fifo)}
+        streamed = WriteParams(path=str(fifo), stream=True, atomic=atomic)
+        fails(NotSupported, CAP.write(streamed, LocalContext()))
+        assert fifo.is_fifo(), "the FIFO was replaced"
+    # A device: neither written through nor replaced by a rename.
+    before = os.stat("/dev/null")
+    for atomic in (False, True):
+        fails(NotSupported, CAP.write(WriteParams(path="/dev/null", data=b"x", atomic=atomic), ctx))
+    after = os.stat("/dev/null")
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert leftovers(tmp_path, {"fifo"}) == set()
 
 
 def test_write_errors(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import msgspec
 import pytest
@@ -164,6 +165,46 @@ def test_large_bodies_arrive_whole_across_many_feeds() -> None:
         assert reader.buffered <= limits.HEADER_SIZE + cap
     assert got == [large, small]
     assert reader.buffered == 0
+
+
+def _receive_in_place(reader: FrameReader, data: bytes) -> int:
+    """What a transport does: write into get_buffer(), then buffer_updated(); bytes taken."""
+    buffer = reader.get_buffer()
+    take = min(len(buffer), len(data))
+    buffer[:take] = data[:take]
+    reader.buffer_updated(take)
+    return take
+
+
+def test_readers_of_one_thread_share_one_scratch_area_and_keep_their_bytes_apart() -> None:
+    """Idle connections cost no receive buffer each; interleaved receives stay separate."""
+    payloads = {
+        name: [bytes([seed + i]) * (i * 101 % 5000) for i in range(60)]
+        for name, seed in (("a", 1), ("b", 100))
+    }
+    streams = {n: b"".join(frame_header(len(p)) + p for p in ps) for n, ps in payloads.items()}
+    readers = {name: FrameReader(8192) for name in payloads}
+    assert readers["a"].get_buffer().obj is readers["b"].get_buffer().obj
+    offsets = dict.fromkeys(payloads, 0)
+    got: dict[str, list[bytes | bytearray]] = {name: [] for name in payloads}
+    step = 1, 3000, 777, 9000
+    turn = 0
+    while any(offsets[n] < len(streams[n]) for n in payloads):
+        for name, reader in readers.items():
+            chunk = streams[name][offsets[name] : offsets[name] + step[turn % len(step)]]
+            if chunk:
+                offsets[name] += _receive_in_place(reader, chunk)
+                got[name].extend(_frames(reader))
+            turn += 1
+    assert got == payloads
+
+
+def test_each_thread_has_its_own_scratch_area() -> None:
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.append(FrameReader(64).get_buffer().obj))
+    thread.start()
+    thread.join()
+    assert seen and seen[0] is not FrameReader(64).get_buffer().obj
 
 
 def test_large_body_cap_is_still_checked_from_the_header() -> None:

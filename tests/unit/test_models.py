@@ -1,13 +1,13 @@
-"""The model clients: ScriptedModel replay, and OpenAIChatModel against a real local HTTP server."""
+"""The model clients: ScriptedModel replay, and OpenAIChatModel against a real local HTTP server.
+
+Retries, Retry-After, proxies, URL joining and request options are in test_model_client.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,13 @@ from harnessd.models import (
     ModelReplyError,
     ModelTransportError,
     OpenAIChatModel,
+    PacedModel,
     ScriptedModel,
     ScriptExhausted,
     ToolCall,
     ToolSpec,
 )
+from tests.support.model_endpoint import Answer, ModelEndpoint, completion
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,99 +48,9 @@ TOOLS = [
 ]
 
 
-def completion(content: str | None = None, calls: list[dict[str, Any]] | None = None) -> bytes:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    body = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if calls else "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    }
-    return json.dumps(body).encode()
-
-
-@dataclass
-class Answer:
-    status: int
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    chunked: bool = False
-
-
-@dataclass
-class Seen:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-class FakeEndpoint:
-    """A chat-completions server on 127.0.0.1:0 answering from a queue and recording requests."""
-
-    def __init__(self) -> None:
-        self.answers: list[Answer] = []
-        self.seen: list[Seen] = []
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                raw = self.rfile.read(length)
-                endpoint.seen.append(
-                    Seen(
-                        path=self.path,
-                        headers={k.lower(): v for k, v in self.headers.items()},
-                        body=json.loads(raw),
-                    )
-                )
-                answer = endpoint.answers.pop(0) if endpoint.answers else Answer(500, b"{}")
-                self.send_response(answer.status)
-                self.send_header("Content-Type", "application/json")
-                for name, value in answer.headers.items():
-                    self.send_header(name, value)
-                if answer.chunked:
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    for start in range(0, len(answer.body), 7):
-                        piece = answer.body[start : start + 7]
-                        self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
-                    self.wfile.write(b"0\r\n\r\n")
-                else:
-                    self.send_header("Content-Length", str(len(answer.body)))
-                    self.end_headers()
-                    self.wfile.write(answer.body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def endpoint() -> Iterator[FakeEndpoint]:
-    server = FakeEndpoint()
+def endpoint() -> Iterator[ModelEndpoint]:
+    server = ModelEndpoint()
     yield server
     server.close()
 
@@ -149,7 +61,7 @@ def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
     return KEY
 
 
-def model_for(endpoint: FakeEndpoint, **kwargs: Any) -> OpenAIChatModel:
+def model_for(endpoint: ModelEndpoint, **kwargs: Any) -> OpenAIChatModel:
     options: dict[str, Any] = {"backoff": 0.01, "max_backoff": 0.05, "timeout": 10.0}
     options.update(kwargs)
     return OpenAIChatModel("test-model", endpoint.base_url, KEY_VAR, **options)
@@ -232,7 +144,7 @@ def test_scripted_model_from_file_and_resource(tmp_path: Path) -> None:
 # -- OpenAIChatModel ----------------------------------------------------------------------
 
 
-def test_request_shape_and_tool_call_parsing(endpoint: FakeEndpoint, api_key: str) -> None:
+def test_request_shape_and_tool_call_parsing(endpoint: ModelEndpoint, api_key: str) -> None:
     endpoint.answers.append(
         Answer(
             200,
@@ -289,7 +201,7 @@ def test_request_shape_and_tool_call_parsing(endpoint: FakeEndpoint, api_key: st
     assert api_key not in repr(model)
 
 
-def test_retries_on_500_and_429_then_succeeds(endpoint: FakeEndpoint, api_key: str) -> None:
+def test_retries_on_500_and_429_then_succeeds(endpoint: ModelEndpoint, api_key: str) -> None:
     endpoint.answers += [
         Answer(500, b'{"error": "boom"}'),
         Answer(429, b'{"error": "slow down"}', {"Retry-After": "0"}),
@@ -305,7 +217,7 @@ def test_retries_on_500_and_429_then_succeeds(endpoint: FakeEndpoint, api_key: s
     assert all(seen.body == endpoint.seen[0].body for seen in endpoint.seen)
 
 
-def test_gives_up_after_bounded_retries(endpoint: FakeEndpoint, api_key: str) -> None:
+def test_gives_up_after_bounded_retries(endpoint: ModelEndpoint, api_key: str) -> None:
     endpoint.answers += [Answer(502, b"bad gateway")] * 3
     model = model_for(endpoint, max_retries=2)
     with pytest.raises(ModelHTTPError) as info:
@@ -314,7 +226,7 @@ def test_gives_up_after_bounded_retries(endpoint: FakeEndpoint, api_key: str) ->
     assert len(endpoint.seen) == 3
 
 
-def test_401_is_a_typed_error_without_retry_or_key(endpoint: FakeEndpoint, api_key: str) -> None:
+def test_401_is_a_typed_error_without_retry_or_key(endpoint: ModelEndpoint, api_key: str) -> None:
     endpoint.answers.append(Answer(401, json.dumps({"error": f"bad key {api_key}"}).encode()))
     model = model_for(endpoint)
     with pytest.raises(ModelAuthError) as info:
@@ -325,7 +237,7 @@ def test_401_is_a_typed_error_without_retry_or_key(endpoint: FakeEndpoint, api_k
     assert len(endpoint.seen) == 1
 
 
-def test_400_is_not_retried(endpoint: FakeEndpoint, api_key: str) -> None:
+def test_400_is_not_retried(endpoint: ModelEndpoint, api_key: str) -> None:
     endpoint.answers.append(Answer(400, b'{"error": "bad request"}'))
     with pytest.raises(ModelHTTPError) as info:
         asyncio.run(model_for(endpoint).complete(HISTORY[:2], TOOLS))
@@ -343,7 +255,7 @@ def test_400_is_not_retried(endpoint: FakeEndpoint, api_key: str) -> None:
     ],
 )
 def test_malformed_replies_are_typed_errors(
-    endpoint: FakeEndpoint, api_key: str, body: bytes
+    endpoint: ModelEndpoint, api_key: str, body: bytes
 ) -> None:
     endpoint.answers.append(Answer(200, body))
     with pytest.raises(ModelReplyError):
@@ -351,16 +263,18 @@ def test_malformed_replies_are_typed_errors(
 
 
 def test_arguments_as_object_and_missing_ids_are_normalised(
-    endpoint: FakeEndpoint, api_key: str
+    endpoint: ModelEndpoint, api_key: str
 ) -> None:
     calls = [{"function": {"name": "shell", "arguments": {"command": "id"}}}]
     endpoint.answers.append(Answer(200, completion(None, calls)))
     turn = asyncio.run(model_for(endpoint).complete(HISTORY[:2], TOOLS))
-    assert turn.tool_calls == [ToolCall(id="call_1", name="shell", arguments='{"command": "id"}')]
+    (call,) = turn.tool_calls
+    assert (call.id, call.name) == ("call_1", "shell")
+    assert json.loads(call.arguments) == {"command": "id"}
 
 
 def test_unreachable_endpoint_is_a_transport_error(api_key: str) -> None:
-    server = FakeEndpoint()
+    server = ModelEndpoint()
     url = server.base_url
     server.close()
     model = OpenAIChatModel("m", url, KEY_VAR, max_retries=1, backoff=0.01, timeout=5.0)
@@ -385,3 +299,24 @@ def test_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         OpenAIChatModel("m", "http://user:pw@example.com/v1", None)
     model = OpenAIChatModel("m", "https://example.com:8443/api/", None)
     assert model.name == "m"
+
+
+def test_paced_model_waits_then_answers_with_the_wrapped_model() -> None:
+    inner = ScriptedModel([{"content": "hi"}, {"content": "again"}], name="inner")
+
+    async def timed(model: PacedModel) -> tuple[str | None, float]:
+        started = asyncio.get_running_loop().time()
+        turn = await model.complete([], [])
+        return turn.content, asyncio.get_running_loop().time() - started
+
+    paced = PacedModel(inner, 0.05)
+    assert paced.name == "inner"
+    content, waited = asyncio.run(timed(paced))
+    assert content == "hi" and waited >= 0.045
+    # With jitter the pause is drawn from [0, 2 x 0.05] s; the turn is still the next one.
+    assert asyncio.run(timed(PacedModel(inner, 0.05, jitter=1.0)))[0] == "again"
+    assert inner.position == 2
+    with pytest.raises(ModelConfigError):
+        PacedModel(inner, -1.0)
+    with pytest.raises(ModelConfigError):
+        PacedModel(inner, 1.0, jitter=2.0)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execd.output import ByteRing, HeadTailBuffer
+from execd.output import ByteRing, HeadTailBuffer, cut, fit_pair
 
 chunks = st.lists(st.binary(max_size=64), max_size=40)
 
@@ -89,6 +89,44 @@ def test_head_tail_matches_model(cap: int, writes: list[bytes]) -> None:
         assert buf.dropped == len(stream) - head_cap - tail_cap
     assert buf.total == len(stream)
     assert buf.head_size == min(head_cap, len(stream))
+
+
+def model(stream: bytes, cap: int) -> tuple[bytes, int]:
+    """What a HeadTailBuffer of ``cap`` keeps of ``stream``, and what it drops."""
+    if len(stream) <= cap:
+        return stream, 0
+    head, tail = cap // 2, cap - cap // 2
+    return stream[:head] + (stream[len(stream) - tail :] if tail else b""), len(stream) - cap
+
+
+@given(cap=st.integers(0, 120), limit=st.integers(0, 150), writes=chunks)
+@settings(max_examples=200, deadline=None)
+def test_cut_is_a_smaller_cap_after_the_fact(cap: int, limit: int, writes: list[bytes]) -> None:
+    buf = HeadTailBuffer(cap)
+    stream = b"".join(writes)
+    buf.write(stream)
+    taken = buf.take()
+    assert taken == model(stream, cap)
+    assert len(buf) == 0 and buf.getvalue() == b""
+    assert cut(taken, limit) == model(stream, min(cap, limit))
+
+
+@given(
+    one=st.binary(max_size=200),
+    two=st.binary(max_size=200),
+    budget=st.integers(0, 500),
+)
+@settings(max_examples=300, deadline=None)
+def test_fit_pair_shares_the_budget(one: bytes, two: bytes, budget: int) -> None:
+    (a, a_dropped), (b, b_dropped) = fit_pair((one, 0), (two, 0), budget)
+    assert len(a) + len(b) == min(budget, len(one) + len(two))
+    assert (a, a_dropped) == model(one, len(a))
+    assert (b, b_dropped) == model(two, len(b))
+    # Neither is cut below half the budget while the other keeps more than its half.
+    if len(a) < len(one):
+        assert len(a) >= budget // 2 or len(b) == len(two)
+    if len(b) < len(two):
+        assert len(b) >= budget - budget // 2 or len(a) == len(one)
 
 
 def test_head_tail_large_stream_keeps_ends_and_counts_the_gap() -> None:

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from execd import errors
+from execd.fit import encoded_size, result_budget
 from execd.shell import ShellCapability
+from protocol import limits
 from protocol.api import shell as api
 from tests.conftest import eventually
 from tests.support.capabilities import MARKER_VAR, capability_fixture
@@ -21,6 +23,16 @@ from tests.support.local_ctx import LocalContext
 from tests.support.procs import alive, searchable_path, state
 
 pytestmark = pytest.mark.anyio
+
+#: The largest chunk to a client with the default frame cap (16 MiB).
+DEFAULT_CHUNK = limits.DEFAULT_MAX_FRAME - limits.CHUNK_OVERHEAD
+#: The largest chunk to a client with the smallest frame cap allowed (4 KiB).
+SMALLEST_CHUNK = limits.MIN_MAX_FRAME - limits.CHUNK_OVERHEAD
+
+
+def wide() -> LocalContext:
+    """A context whose client takes frames of the default size."""
+    return LocalContext(max_chunk=DEFAULT_CHUNK)
 
 
 def _nothing_running(cap: ShellCapability, state: Path) -> None:
@@ -117,7 +129,7 @@ async def test_stdin_bytes_stream_and_default_dev_null(cap: ShellCapability) -> 
     assert r.stdout == b"" and r.exit_code == 0
     assert time.monotonic() - start < 10
     big = os.urandom(1 << 20)
-    r = await cap.shell_run(run_params(argv=["cat"], stdin=big), LocalContext())
+    r = await cap.shell_run(run_params(argv=["cat"], stdin=big), wide())
     assert r.stdout == big
     ctx = LocalContext()
     task = asyncio.ensure_future(cap.shell_run(run_params(argv=["cat"], stdin_stream=True), ctx))
@@ -139,11 +151,44 @@ async def test_head_tail_cap_reports_dropped(cap: ShellCapability) -> None:
     assert r.stderr_dropped == 0
     # A cap above the daemon's own limit is clamped to it.
     r = await cap.shell_run(
-        run_params(command="head -c 5242880 /dev/zero", output_cap=10**12), LocalContext()
+        run_params(command="head -c 5242880 /dev/zero", output_cap=10**12), wide()
     )
     assert len(r.stdout) == 4 * 1024 * 1024 and r.stdout_dropped == 1024 * 1024
-    r = await cap.shell_run(run_params(command="head -c 3000000 /dev/zero"), LocalContext())
+    r = await cap.shell_run(run_params(command="head -c 3000000 /dev/zero"), wide())
     assert r.stdout == bytes(3000000) and r.stdout_dropped == 0
+
+
+async def test_collected_output_always_fits_the_clients_frame(cap: ShellCapability) -> None:
+    """Both capped streams together are cut to what one reply frame holds, head and tail kept."""
+    script = "i=0; while [ $i -lt 5000 ]; do printf '%05d' $i; i=$((i+1)); done"
+    stream = b"".join(b"%05d" % i for i in range(5000))
+    for chunk in (SMALLEST_CHUNK, 32 * 1024):
+        ctx = LocalContext(max_chunk=chunk)
+        both = run_params(command=f"{script}; {script} >&2")
+        r = await cap.shell_run(both, ctx)
+        assert r.exit_code == 0
+        assert encoded_size(r) <= result_budget(ctx)
+        for kept, dropped in ((r.stdout, r.stdout_dropped), (r.stderr, r.stderr_dropped)):
+            assert dropped == len(stream) - len(kept) > 0
+            head = len(kept) // 2
+            assert kept == stream[:head] + stream[len(stream) - (len(kept) - head) :]
+        # One small stream leaves the other the rest of the room.
+        r = await cap.shell_run(run_params(command=f"{script}; echo tiny >&2"), ctx)
+        assert r.stderr == b"tiny\n" and r.stderr_dropped == 0
+        assert encoded_size(r) <= result_budget(ctx)
+        assert len(r.stdout) >= min(len(stream), result_budget(ctx) - 512)
+
+
+@pytest.mark.limits(output_cap=8 * 1024 * 1024)
+async def test_both_streams_at_the_default_cap_fit_the_default_frame(cap: ShellCapability) -> None:
+    ctx = wide()
+    r = await cap.shell_run(
+        run_params(command="head -c 20000000 /dev/zero; head -c 20000000 /dev/zero >&2"), ctx
+    )
+    assert r.exit_code == 0
+    assert encoded_size(r) <= result_budget(ctx)
+    assert r.stdout_dropped + len(r.stdout) == 20000000
+    assert r.stderr_dropped + len(r.stderr) == 20000000
 
 
 async def test_streaming_sends_chunks_and_ends_streams(cap: ShellCapability) -> None:

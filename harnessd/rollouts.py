@@ -1,0 +1,344 @@
+"""Rollouts: one agent session in a workspace of its own, described by data, run to a result.
+
+A :class:`RolloutRequest` says everything one rollout needs, as values that
+can be pickled and shipped to another process or machine: the task, how to
+build the model there (a *model factory*, e.g. :class:`ScriptedModelSpec` or
+:class:`OpenAIModelSpec`, which reads its API key from that process's
+environment), and how to launch execd in the rollout's workspace (a *runtime
+factory*, e.g. :class:`LocalWorkspace`, or any callable returning a
+:class:`Workspace` around :func:`harnessd.serve`). :func:`run_rollout` runs
+it: launch execd, run the agent loop, read execd's ledger head, close the
+session (marker cleanup), and return a :class:`RolloutResult` -- transcript,
+trace, ledger head, timings -- that is plain data too.
+
+This module does not need Ray; :mod:`harnessd.ray` spreads rollouts over a
+pool of Ray actors and is the one place that imports it. The errors that
+pool raises live here, so code can catch them without importing Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from harnessd.agent import DEFAULT_SYSTEM_PROMPT, AgentLimits, AgentSession
+from harnessd.errors import HarnessError
+from harnessd.launcher import Launch, serve
+from harnessd.models import Model, OpenAIChatModel, PacedModel, ScriptedModel
+from harnessd.runtime import LocalRuntime
+from harnessd.tools import ToolConfig
+from harnessd.trace import Trace
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class PoolUnavailable(HarnessError):
+    """No actor of the pool can take the rollout now."""
+
+
+class PoolFull(PoolUnavailable):
+    """Every live actor already hosts as many sessions as it may (back off and retry)."""
+
+
+class NoLiveActor(PoolUnavailable):
+    """Every actor of the pool has died; nothing can run."""
+
+
+class RolloutError(HarnessError):
+    """A rollout ended without a result; ``rollout_id`` and ``attempt`` say which."""
+
+    def __init__(self, message: str, rollout_id: str, attempt: int) -> None:
+        super().__init__(message)
+        self.rollout_id = rollout_id
+        self.attempt = attempt
+
+
+class RolloutLost(RolloutError):
+    """The actor running the rollout died; ``actor`` names it. Its execd ends by its lease."""
+
+    def __init__(self, message: str, rollout_id: str, attempt: int, actor: str) -> None:
+        super().__init__(message, rollout_id, attempt)
+        self.actor = actor
+
+
+class RolloutFailed(RolloutError):
+    """The rollout raised (execd did not launch, the ledger could not be synced, ...).
+
+    ``cause`` is the exception the rollout raised.
+    """
+
+    def __init__(self, message: str, rollout_id: str, attempt: int, cause: BaseException) -> None:
+        super().__init__(message, rollout_id, attempt)
+        self.cause = cause
+
+
+# -- what a rollout is given ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutInfo:
+    """Handed to the runtime factory: which rollout and attempt, and the marker to use.
+
+    ``marker`` is unique to this attempt and starts with the pool's tag, so
+    every process of every rollout of a pool can be found (pass it to
+    :func:`harnessd.serve` as ``marker=``).
+    """
+
+    rollout_id: str
+    attempt: int
+    marker: str
+
+
+@dataclass(slots=True)
+class Workspace:
+    """What a runtime factory returns for one rollout.
+
+    ``launch``: :func:`harnessd.serve`'s result, not awaited yet. ``root``:
+    the directory in the workspace the tools work in (None: execd's working
+    directory). ``cleanup``: called once the session is closed, whatever
+    happened (removes what the factory made, for instance).
+    """
+
+    launch: Launch
+    root: str | None = None
+    cleanup: Callable[[], None] | None = None
+
+
+RuntimeFactory = Callable[[RolloutInfo], Workspace]
+"""How to launch execd in one rollout's workspace; called where the rollout runs."""
+
+ModelFactory = Callable[[], Model]
+"""Builds the rollout's model where the rollout runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalWorkspace:
+    """A runtime factory: execd on the machine running the rollout, in a fresh directory.
+
+    Each rollout gets ``<base_dir>/rollout-XXXX/`` (``base_dir`` default: the
+    temporary directory) holding the workspace the tools work in (``ws/``),
+    execd's private directory (token file and log) and its state directory
+    (the ledger). ``lease``: execd cleans up by the marker and exits this
+    many seconds after its harness is gone (an actor killed, a machine lost).
+    The directory is removed after the session closes unless ``keep``.
+    """
+
+    base_dir: str | None = None
+    lease: float = 30.0
+    execd_command: tuple[str, ...] | None = None
+    extra_args: tuple[str, ...] = ()
+    start_timeout: float = 60.0
+    keep: bool = False
+
+    def __call__(self, info: RolloutInfo) -> Workspace:
+        base = tempfile.mkdtemp(prefix="rollout-", dir=self.base_dir)
+        root = os.path.join(base, "ws")
+        os.mkdir(root, 0o700)
+        launch = serve(
+            LocalRuntime(),
+            execd_command=self.execd_command,
+            workdir=os.path.join(base, "execd"),
+            marker=info.marker,
+            lease=self.lease,
+            start_timeout=self.start_timeout,
+            extra_args=("--state-dir", os.path.join(base, "state"), *self.extra_args),
+        )
+        cleanup = None if self.keep else lambda: shutil.rmtree(base, ignore_errors=True)
+        return Workspace(launch=launch, root=root, cleanup=cleanup)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedModelSpec:
+    """A model factory: a :class:`~harnessd.models.ScriptedModel` of ``turns``.
+
+    ``turns`` are checked when the model is built (ModelConfigError).
+    ``think``: seconds each turn waits first (a remote model's latency, see
+    :class:`~harnessd.models.PacedModel`), spread by ``jitter``.
+    """
+
+    turns: Sequence[Any]
+    think: float = 0.0
+    jitter: float = 0.0
+    name: str = "scripted"
+
+    def __call__(self) -> Model:
+        model: Model = ScriptedModel(self.turns, name=self.name)
+        if self.think:
+            model = PacedModel(model, self.think, jitter=self.jitter)
+        return model
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIModelSpec:
+    """A model factory: an OpenAI-compatible endpoint (:class:`~harnessd.models.OpenAIChatModel`).
+
+    The key is read from ``api_key_env`` in the process that runs the
+    rollout, when the model is built: it travels in no request.
+    """
+
+    model: str
+    base_url: str
+    api_key_env: str | None
+    timeout: float = 120.0
+    max_retries: int = 4
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> Model:
+        return OpenAIChatModel(
+            self.model,
+            self.base_url,
+            self.api_key_env,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            extra_body=self.extra_body,
+        )
+
+
+def new_rollout_id() -> str:
+    """A fresh rollout id."""
+    return f"rollout-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRequest:
+    """One rollout: the task, the model factory, the runtime factory, and the agent's bounds.
+
+    ``tools``: the tools' settings (their ``root`` defaults to the
+    workspace's). Everything here must pickle when the rollout runs elsewhere.
+    """
+
+    task: str
+    model: ModelFactory
+    runtime: RuntimeFactory
+    rollout_id: str = field(default_factory=new_rollout_id)
+    limits: AgentLimits = field(default_factory=AgentLimits)
+    tools: ToolConfig | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+
+# -- what a rollout gives back --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Seconds spent launching execd, running the agent, closing the session, and in all."""
+
+    launch: float
+    run: float
+    close: float
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutResult:
+    """A finished rollout.
+
+    ``transcript``: the conversation (chat-completions message dicts).
+    ``trace``: every trace record (see :mod:`harnessd.trace`).
+    ``ledger_seq``/``ledger_hash``: execd's ledger head after the run (the
+    hash in hex), which the local ledger matched. ``killed``/``clean``: what
+    the close's marker cleanup killed, and whether it left nothing. ``host``:
+    where it ran (the actor's name). ``lost_on``: actors on which earlier
+    attempts were lost.
+    """
+
+    rollout_id: str
+    attempt: int
+    host: str
+    stop_reason: str
+    final_text: str | None
+    error: str | None
+    transcript: list[dict[str, Any]]
+    trace: list[dict[str, Any]]
+    ledger_session: str
+    ledger_seq: int
+    ledger_hash: str
+    tool_calls: int
+    tool_errors: int
+    killed: int
+    clean: bool
+    timings: Timings
+    lost_on: tuple[str, ...] = ()
+
+    def retried(self, lost_on: Sequence[str]) -> RolloutResult:
+        """This result with the actors of earlier, lost attempts noted."""
+        return dataclasses.replace(self, lost_on=tuple(lost_on))
+
+
+async def run_rollout(
+    request: RolloutRequest,
+    info: RolloutInfo,
+    *,
+    host: str = "",
+    on_launched: Callable[[], object] | None = None,
+) -> RolloutResult:
+    """Launch execd, run the agent on the task, close the session; the result.
+
+    ``on_launched`` is called once execd is up and connected.
+
+    Raises what fails on the way: LaunchFailed, ConnectionLost or
+    LedgerDiverged when a sync cannot complete, ModelConfigError from the
+    model factory. The session is closed and the workspace's ``cleanup``
+    called in every case (also when cancelled).
+    """
+    started = time.perf_counter()
+    workspace = request.runtime(info)
+    try:
+        session = await workspace.launch
+        launched = time.perf_counter()
+        if on_launched is not None:
+            on_launched()
+        try:
+            records: list[dict[str, Any]] = []
+            trace = Trace(session=request.rollout_id, listeners=[records.append])
+            tools = request.tools or ToolConfig()
+            if tools.root is None and workspace.root is not None:
+                tools = dataclasses.replace(tools, root=workspace.root)
+            agent = AgentSession(
+                request.model(),
+                lambda: session.client,
+                limits=request.limits,
+                tools=tools,
+                trace=trace,
+                reconnect=session.reconnect,
+                system_prompt=request.system_prompt,
+            )
+            result = await agent.run(request.task)
+            ran = time.perf_counter()
+            head = await session.client.ledger_head(agent.session_id)
+        finally:
+            closed = await session.close(keep_log=False)
+        done = time.perf_counter()
+    finally:
+        if workspace.cleanup is not None:
+            await asyncio.to_thread(workspace.cleanup)
+    return RolloutResult(
+        rollout_id=request.rollout_id,
+        attempt=info.attempt,
+        host=host,
+        stop_reason=result.stop_reason,
+        final_text=result.final_text,
+        error=result.error,
+        transcript=[msgspec.to_builtins(message) for message in result.messages],
+        trace=records,
+        ledger_session=agent.session_id,
+        ledger_seq=head.seq,
+        ledger_hash=head.hash.hex(),
+        tool_calls=result.tool_calls,
+        tool_errors=result.tool_errors,
+        killed=closed.killed,
+        clean=closed.clean,
+        timings=Timings(
+            launch=launched - started, run=ran - launched, close=done - ran, total=done - started
+        ),
+    )

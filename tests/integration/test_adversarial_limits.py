@@ -1,0 +1,986 @@
+"""Adversarial cases about size and fairness, against real execd processes.
+
+* Every method whose result grows with data is driven, at the smallest frame
+  cap a client may announce (4096 bytes), into a result larger than a frame:
+  it must still arrive (cut as documented, or streamed), or fail with
+  TOO_LARGE *before* it does anything. The table of cases is checked against
+  ``server.info``'s method list, so a new method cannot slip through.
+* One connection cannot stall the others: writes to FIFOs without a reader,
+  units stuck on a frozen filesystem (root), hostile nesting, hundreds of idle
+  unauthenticated connections; and execd's memory settles after a hostile
+  phase.
+
+Every case checks its typed error, that a healthy client is still served,
+and that no process carrying the marker is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import harnessd
+from harnessd import errors
+from harnessd.api import ExecdClient
+from protocol import limits
+from protocol.codec import encode_message, to_raw
+from protocol.connection import ClientConnection
+from protocol.errors import ErrorCode
+from protocol.framing import frame_header
+from protocol.messages import Call, Cancel, Error, Reply
+from tests.integration.test_adversarial import (
+    abort_code,
+    authenticated,
+    check_healthy,
+    marked_matching,
+    no_marked,
+    plain_frames,
+    raw_peer,
+    report,
+)
+from tests.support.daemon import RunningExecd, start_execd
+from tests.support.procs import alive
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc"),
+]
+
+SMALLEST = limits.MIN_MAX_FRAME
+"""The smallest frame cap a client may announce."""
+MIB = 1024 * 1024
+IS_ROOT = os.geteuid() == 0
+
+
+def deep_directory(root: Path, length: int) -> Path:
+    """A directory below ``root`` whose path is ``length`` characters longer."""
+    path = root
+    while len(str(path)) - len(str(root)) < length:
+        step = min(200, length - (len(str(path)) - len(str(root))) - 1)
+        path = path / ("d" * max(step, 1))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExecd]:
+    """One execd whose working (and state) directory is about 2000 characters deep."""
+    root = tmp_path_factory.mktemp("limits")
+    with start_execd(deep_directory(root, 2000)) as running:
+        yield running
+
+
+@dataclass
+class Clients:
+    """A client at the smallest frame cap, one at the default, and a scratch directory."""
+
+    daemon: RunningExecd
+    small: ExecdClient
+    big: ExecdClient
+    tmp: Path
+
+
+@contextlib.asynccontextmanager
+async def connected(host: str, port: int, token: str, **options: Any) -> AsyncIterator[ExecdClient]:
+    """An authenticated client, closed on exit."""
+    client = await harnessd.connect(host, port, token, **options)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def clients(daemon: RunningExecd, tmp: Path) -> AsyncIterator[Clients]:
+    small = await harnessd.connect(daemon.host, daemon.port, daemon.token, max_frame=SMALLEST)
+    big = await harnessd.connect(daemon.host, daemon.port, daemon.token)
+    try:
+        await check_healthy(big)
+        yield Clients(daemon, small, big, tmp)
+        # The small client's connection lives on after every refusal.
+        async with asyncio.timeout(20):
+            await small.noop()
+        await check_healthy(big)
+    finally:
+        await small.close()
+        await big.close()
+
+
+async def too_large(call: Awaitable[Any]) -> dict[str, Any]:
+    """Await a call that must fail with TOO_LARGE; return its data."""
+    with pytest.raises(errors.RemoteError) as caught:
+        await call
+    assert caught.value.code == ErrorCode.TOO_LARGE, caught.value
+    data: dict[str, Any] = caught.value.data
+    assert data["size"] > data["limit"]
+    return data
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        await asyncio.sleep(0.05)
+
+
+def cut_rule(kept: bytes, dropped: int, stream: bytes) -> None:
+    """``kept`` is ``stream`` cut by the head/tail rule, ``dropped`` bytes between."""
+    assert dropped == len(stream) - len(kept) > 0
+    head = len(kept) // 2
+    assert kept == stream[:head] + stream[len(stream) - (len(kept) - head) :]
+
+
+# -- results at the smallest frame cap: one case per method whose result grows -------------
+
+
+async def case_echo(c: Clients) -> None:
+    # The budget is the frame less the reply's envelope; a bin16 header takes 3 bytes.
+    budget = SMALLEST - limits.REPLY_OVERHEAD
+    assert await c.small.call("server.echo", {"data": b"e" * (budget - 3)}) == b"e" * (budget - 3)
+    data = await too_large(c.small.call("server.echo", {"data": b"e" * (budget - 2)}))
+    assert data == {"size": budget + 1, "limit": budget}
+    await too_large(c.small.call("server.echo", {"data": b"e" * 4080}))
+
+
+async def case_info(c: Clients) -> None:
+    info = await c.big.call("server.info")
+    assert len(info["cwd"]) > 2000 and info["ledger_dir"].startswith(info["cwd"])
+    await too_large(c.small.call("server.info"))
+
+
+async def case_session_close(c: Clients) -> None:
+    # Closing the session closes every capability: on an execd of its own.
+    with start_execd(c.tmp) as running:
+        small = await harnessd.connect(
+            running.host, running.port, running.token, max_frame=SMALLEST
+        )
+        try:
+            # An escapee of its command's group: only the marker sweep finds it.
+            escape = "setsid sleep 300 </dev/null >/dev/null 2>&1 &"
+            await small.call("shell.run", {"command": escape})
+            report_ = await small.call("session.close", {"shutdown": False})
+            assert report_.get("remaining", []) == [] and report_["killed"] >= 1
+        finally:
+            await small.close()
+        await no_marked(running.marker)
+
+
+async def case_files_read(c: Clients) -> None:
+    inline = SMALLEST - 2 * limits.CHUNK_OVERHEAD
+    for size in (inline, inline + 1, 10_000):
+        content = os.urandom(size)
+        path = c.tmp / f"read-{size}.bin"
+        path.write_bytes(content)
+        handle = c.small.start("files.read", {"path": str(path)})
+        streamed = b"".join([chunk async for chunk in handle.stream("data")])
+        result = await handle.result()
+        assert result["bytes_sent"] == size and result["eof"]
+        if size <= inline:
+            assert not result.get("streamed") and result["data"] == content and not streamed
+        else:
+            assert result["streamed"] and result.get("data") is None and streamed == content
+
+
+async def case_files_stat(c: Clients) -> None:
+    link = c.tmp / "long-link"
+    os.symlink("t/" * 2000, link)
+    await too_large(c.small.call("files.stat", {"path": str(link), "follow_symlinks": False}))
+    assert (await c.big.call("files.stat", {"path": str(link), "follow_symlinks": False}))[
+        "target"
+    ] == "t/" * 2000
+    assert (await c.small.call("files.stat", {"path": str(c.tmp)}))["type"] == "dir"
+
+
+async def case_files_list(c: Clients) -> None:
+    many = c.tmp / "many"
+    many.mkdir()
+    for index in range(100):
+        (many / f"{index:03d}-{'n' * 190}").write_bytes(b"")
+    cut = await c.small.call("files.list", {"path": str(many)})
+    assert cut["truncated"] and 0 < len(cut["entries"]) < 100
+    whole = await c.big.call("files.list", {"path": str(many)})
+    assert not whole.get("truncated") and len(whole["entries"]) == 100
+    assert [e["path"] for e in cut["entries"]] == [e["path"] for e in whole["entries"]][
+        : len(cut["entries"])
+    ]
+
+
+async def case_shell_run(c: Clients) -> None:
+    ran = c.tmp / "ran.txt"
+    stream = b"".join(b"%05d" % i for i in range(2000))
+    script = "i=0; while [ $i -lt 2000 ]; do printf '%05d' $i; i=$((i+1)); done"
+    command = f"echo once >> {ran}; {script}; {script} >&2"
+    result = await c.small.call("shell.run", {"command": command})
+    assert result["exit_code"] == 0
+    cut_rule(result["stdout"], result["stdout_dropped"], stream)
+    cut_rule(result["stderr"], result["stderr_dropped"], stream)
+    assert ran.read_text() == "once\n", "the command ran more than once, or not at all"
+
+
+async def detached_sleepers(c: Clients, count: int, title: int) -> list[str]:
+    ids = []
+    for _ in range(count):
+        command = "sleep 300 # " + "t" * title
+        ids.append(
+            (await c.big.call("shell.run", {"command": command, "detached": True}))["command_id"]
+        )
+    return ids
+
+
+async def forget_commands(c: Clients, ids: list[str]) -> None:
+    for command_id in ids:
+        with contextlib.suppress(errors.RemoteError):
+            await c.big.call("shell.signal", {"command_id": command_id, "signal": 9})
+        with contextlib.suppress(errors.RemoteError):
+            await c.big.call("shell.wait", {"command_id": command_id, "timeout": 20})
+
+
+async def case_shell_list(c: Clients) -> None:
+    ids = await detached_sleepers(c, 8, 1000)
+    try:
+        cut = await c.small.call("shell.list")
+        assert cut["truncated"] and 0 < len(cut["commands"]) < 8
+        whole = await c.big.call("shell.list")
+        assert not whole.get("truncated") and len(whole["commands"]) >= 8
+    finally:
+        await forget_commands(c, ids)
+
+
+async def finished_wide_command(c: Clients) -> str:
+    """A detached command that has exited, whose info (title and cwd) exceeds a small frame."""
+    where = deep_directory(c.tmp, 3000)
+    command = "echo done # " + "w" * 1000
+    started = await c.big.call(
+        "shell.run", {"command": command, "cwd": str(where), "detached": True}
+    )
+    command_id: str = started["command_id"]
+
+    async def exited() -> bool:
+        listed = await c.big.call("shell.list")
+        return any(
+            i["command_id"] == command_id and i["state"] == "exited" for i in listed["commands"]
+        )
+
+    await until(exited, "the detached command's exit")
+    return command_id
+
+
+async def status_still_there(c: Clients, command_id: str) -> None:
+    """The refused read did not consume the final status: the big client still gets it."""
+    final = await c.big.call("shell.status", {"command_id": command_id})
+    assert final["state"] == "exited" and final["exit_code"] == 0
+
+
+async def case_shell_status(c: Clients) -> None:
+    command_id = await finished_wide_command(c)
+    await too_large(c.small.call("shell.status", {"command_id": command_id}))
+    await status_still_there(c, command_id)
+
+
+async def case_shell_wait(c: Clients) -> None:
+    command_id = await finished_wide_command(c)
+    await too_large(c.small.call("shell.wait", {"command_id": command_id, "timeout": 5}))
+    await status_still_there(c, command_id)
+
+
+async def case_shell_attach(c: Clients) -> None:
+    command_id = await finished_wide_command(c)
+    await too_large(c.small.call("shell.attach", {"command_id": command_id}))
+    await status_still_there(c, command_id)
+
+
+async def case_ledger_list(c: Clients) -> None:
+    for index in range(40):
+        session = f"{'s' * 100}-{index:03d}"
+        await c.big.call(
+            "ledger.append",
+            {"session": session, "first_seq": 1, "prev_hash": bytes(32), "entries": [b"x"]},
+        )
+    cut = await c.small.call("ledger.list")
+    assert cut["truncated"] and 0 < len(cut["sessions"]) < 40
+    whole = await c.big.call("ledger.list")
+    assert len(whole["sessions"]) >= 40 and not whole.get("truncated")
+
+
+async def service_pid(c: Clients, name: str) -> int | None:
+    pid: int | None = (await c.big.call("services.status", {"name": name})).get("pid")
+    return pid
+
+
+async def wide_service(c: Clients, name: str) -> int:
+    """A running service whose info (log path) exceeds a small frame; its pid."""
+    log = deep_directory(c.tmp, 3850) / f"{name}.log"
+    info = await c.big.call(
+        "services.start", {"name": name, "command": "sleep 300", "log": str(log)}
+    )
+    assert info["state"] == "running"
+    pid: int = info["pid"]
+    return pid
+
+
+async def case_services_start(c: Clients) -> None:
+    name = "wide-start"
+    log = deep_directory(c.tmp, 3000) / "svc.log"
+    command = "sleep 301 # " + "z" * 1000
+    await too_large(
+        c.small.call("services.start", {"name": name, "command": command, "log": str(log)})
+    )
+    with pytest.raises(errors.RemoteError) as caught:
+        await c.big.call("services.status", {"name": name})
+    assert caught.value.code == ErrorCode.NO_SUCH_SERVICE
+    assert not marked_matching(c.daemon.marker, "sleep 301"), "the refused service started"
+
+
+async def case_services_status(c: Clients) -> None:
+    await wide_service(c, "wide-status")
+    try:
+        await too_large(c.small.call("services.status", {"name": "wide-status"}))
+    finally:
+        await c.big.call("services.stop", {"name": "wide-status"})
+
+
+async def case_services_stop(c: Clients) -> None:
+    pid = await wide_service(c, "wide-stop")
+    try:
+        await too_large(c.small.call("services.stop", {"name": "wide-stop"}))
+        assert await service_pid(c, "wide-stop") == pid and alive(pid), "stopped anyway"
+    finally:
+        await c.big.call("services.stop", {"name": "wide-stop"})
+
+
+async def case_services_restart(c: Clients) -> None:
+    pid = await wide_service(c, "wide-restart")
+    try:
+        await too_large(c.small.call("services.restart", {"name": "wide-restart"}))
+        assert await service_pid(c, "wide-restart") == pid and alive(pid), "restarted anyway"
+    finally:
+        await c.big.call("services.stop", {"name": "wide-restart"})
+
+
+async def case_services_list(c: Clients) -> None:
+    names = [f"listed-{index}" for index in range(6)]
+    for name in names:
+        await c.big.call("services.start", {"name": name, "command": "sleep 300 # " + "l" * 900})
+    try:
+        cut = await c.small.call("services.list")
+        assert cut["truncated"] and 0 < len(cut["services"]) < 6
+        whole = await c.big.call("services.list")
+        assert not whole.get("truncated") and {s["name"] for s in whole["services"]} >= set(names)
+    finally:
+        for name in names:
+            await c.big.call("services.stop", {"name": name})
+
+
+async def case_services_logs(c: Clients) -> None:
+    name = "chatty"
+    command = "head -c 10000 /dev/zero | tr '\\0' l; echo END; exec sleep 300"
+    await c.big.call("services.start", {"name": name, "command": command})
+    try:
+
+        async def logged() -> bool:
+            info = await c.big.call("services.status", {"name": name})
+            return bool(info.get("log_size", 0) >= 10004)
+
+        await until(logged, "the service's output")
+        tail = await c.small.call("services.logs", {"name": name, "nbytes": 1_000_000})
+        assert tail["end"] == tail["size"] == 10004
+        assert tail["start"] == tail["end"] - len(tail["data"]) > 0
+        assert tail["data"] == b"l" * (len(tail["data"]) - 4) + b"END\n"
+        ranged = await c.small.call("services.logs", {"name": name, "offset": 0})
+        assert ranged["start"] == 0 and ranged["end"] == len(ranged["data"]) < 10004
+        assert ranged["data"] == b"l" * len(ranged["data"])
+    finally:
+        await c.big.call("services.stop", {"name": name})
+
+
+async def case_sessions_open(c: Clients) -> None:
+    where = deep_directory(c.tmp, 3900)
+    await too_large(c.small.call("sessions.open", {"name": "wide-open", "cwd": str(where)}))
+    listed = await c.big.call("sessions.list")
+    assert "wide-open" not in {s["name"] for s in listed["sessions"]}
+
+
+async def case_sessions_run(c: Clients) -> None:
+    await c.small.call("sessions.open", {"name": "chatty"})
+    try:
+        stream = b"".join(b"%05d" % i for i in range(2000))
+        script = "i=0; while [ $i -lt 2000 ]; do printf '%05d' $i; i=$((i+1)); done"
+        result = await c.small.call("sessions.run", {"name": "chatty", "command": script})
+        assert result["exit_code"] == 0
+        cut_rule(result["stdout"], result["stdout_dropped"], stream)
+    finally:
+        await c.big.call("sessions.close", {"name": "chatty"})
+
+
+async def case_sessions_close(c: Clients) -> None:
+    await c.big.call("sessions.open", {"name": "closing"})
+    await c.big.call("sessions.run", {"name": "closing", "command": "sleep 300 >/dev/null 2>&1 &"})
+    closed = await c.small.call("sessions.close", {"name": "closing"})
+    assert closed.get("remaining", []) == [] and closed["killed"] >= 1
+
+
+async def case_sessions_list(c: Clients) -> None:
+    names = [f"many-{index}" for index in range(3)]
+    for name in names:
+        await c.big.call("sessions.open", {"name": name})
+    try:
+        cut = await c.small.call("sessions.list")
+        assert cut["truncated"] and 0 < len(cut["sessions"]) < 3
+    finally:
+        for name in names:
+            await c.big.call("sessions.close", {"name": name})
+
+
+async def case_watch_subscribe(c: Clients) -> None:
+    root = c.tmp / "watched"
+    root.mkdir()
+    locked = []
+    if not IS_ROOT:
+        for index in range(60):
+            sub = root / f"{index:02d}-{'u' * 150}"
+            sub.mkdir()
+            sub.chmod(0)
+            locked.append(sub)
+    try:
+        result = await c.small.call("watch.subscribe", {"path": str(root), "recursive": True})
+        events = c.small.subscribe(result["watch_id"])
+        assert result.get("unwatched_count", 0) == len(locked)
+        assert len(result.get("unwatched", [])) <= len(locked)
+        if locked:
+            assert 0 < len(result["unwatched"]) < len(locked)
+        # Events whose paths do not fit a frame become an overflow saying so.
+        deep_directory(root / "deep", 3700)
+        deadline = time.monotonic() + 30
+        while True:
+            event = await asyncio.wait_for(events.get(), max(0.1, deadline - time.monotonic()))
+            assert event is not None
+            data = msgspec.msgpack.decode(event.data)
+            if event.name == "overflow" and data.get("source") == "frame":
+                break
+        await c.small.call("watch.unsubscribe", {"watch_id": result["watch_id"]})
+    finally:
+        for sub in locked:
+            sub.chmod(0o700)
+
+
+GROWING: dict[str, Callable[[Clients], Awaitable[None]]] = {
+    "server.echo": case_echo,
+    "server.info": case_info,
+    "session.close": case_session_close,
+    "files.read": case_files_read,
+    "files.stat": case_files_stat,
+    "files.list": case_files_list,
+    "shell.run": case_shell_run,
+    "shell.list": case_shell_list,
+    "shell.status": case_shell_status,
+    "shell.wait": case_shell_wait,
+    "shell.attach": case_shell_attach,
+    "ledger.list": case_ledger_list,
+    "services.start": case_services_start,
+    "services.status": case_services_status,
+    "services.stop": case_services_stop,
+    "services.restart": case_services_restart,
+    "services.list": case_services_list,
+    "services.logs": case_services_logs,
+    "sessions.open": case_sessions_open,
+    "sessions.run": case_sessions_run,
+    "sessions.close": case_sessions_close,
+    "sessions.list": case_sessions_list,
+    "watch.subscribe": case_watch_subscribe,
+}
+"""Methods whose result grows with data (a path, a list, output), each with its case."""
+
+FIXED: frozenset[str] = frozenset(
+    {
+        "server.noop",
+        "files.write",
+        "files.mkdir",
+        "files.remove",
+        "files.move",
+        "files.chmod",
+        "files.sha256",
+        "shell.signal",
+        "ledger.append",
+        "ledger.append_large",
+        "ledger.head",
+        "ledger.read",
+        "sessions.interrupt",
+        "watch.unsubscribe",
+        "watch.wait_for_path",
+    }
+)
+"""Methods whose result has a bounded size, far below the smallest frame cap."""
+
+
+def test_every_method_is_classified(daemon: RunningExecd) -> None:
+    async def main() -> list[str]:
+        async with connected(daemon.host, daemon.port, daemon.token) as client:
+            info = await client.call("server.info")
+        methods: list[str] = info["methods"]
+        return methods
+
+    methods = set(asyncio.run(main()))
+    assert not GROWING.keys() & FIXED
+    assert methods == GROWING.keys() | FIXED, {
+        "unclassified": methods - GROWING.keys() - FIXED,
+        "gone": (GROWING.keys() | FIXED) - methods,
+    }
+
+
+@pytest.mark.parametrize("method", sorted(GROWING))
+def test_result_at_the_smallest_frame_cap(
+    method: str, daemon: RunningExecd, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with clients(daemon, tmp_path) as both:
+            await GROWING[method](both)
+        await no_marked_but_detached(daemon)
+
+    asyncio.run(main())
+    report(
+        f"frame_cap {method}", 1, "delivered within 4096-byte frames, or TOO_LARGE before acting"
+    )
+
+
+async def no_marked_but_detached(daemon: RunningExecd) -> None:
+    """Nothing a case started is left but what it keeps on purpose (none do)."""
+    await no_marked(daemon.marker)
+
+
+def test_errors_fit_the_smallest_frame_cap(daemon: RunningExecd, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with clients(daemon, tmp_path) as both:
+            missing = str(deep_directory(tmp_path, 100)) + "/" + "m" * 200 + "/x" * 1800
+            with pytest.raises(errors.RemoteError) as caught:
+                await both.small.call("files.stat", {"path": missing})
+            assert caught.value.code == ErrorCode.NOT_FOUND
+
+    asyncio.run(main())
+
+
+# -- one connection never stalls the others --------------------------------------------------
+
+
+def test_default_caps_always_deliver(daemon: RunningExecd) -> None:
+    async def main() -> dict[str, Any]:
+        async with connected(daemon.host, daemon.port, daemon.token) as client:
+            command = "head -c 20000000 /dev/zero; head -c 20000000 /dev/zero >&2"
+            result: dict[str, Any] = await client.call("shell.run", {"command": command})
+            await check_healthy(client)
+        return result
+
+    result = asyncio.run(main())
+    assert result["exit_code"] == 0
+    for stream in ("stdout", "stderr"):
+        kept, dropped = result[stream], result[f"{stream}_dropped"]
+        assert len(kept) + dropped == 20_000_000 and kept == bytes(len(kept))
+        assert len(kept) > 8 * MIB - 4096
+    report("default_caps", 1, "both 8 MiB captures delivered in one 16 MiB frame")
+
+
+def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    async def main() -> int:
+        async with clients(daemon, tmp_path) as both:
+            hostile = await harnessd.connect(daemon.host, daemon.port, daemon.token)
+            try:
+                writes = [
+                    hostile.start(
+                        "files.write",
+                        {"path": str(fifo), "data": b"x" * size, "atomic": atomic},
+                    )
+                    for size in (1, 2 * MIB)
+                    for atomic in (False, True)
+                    for _ in range(4)
+                ]
+                reads = [hostile.start("files.read", {"path": str(fifo)}) for _ in range(4)]
+                # Another connection is served meanwhile.
+                async with asyncio.timeout(10):
+                    assert (await both.big.call("files.stat", {"path": str(fifo)}))[
+                        "type"
+                    ] == "other"
+                for handle in writes + reads:
+                    with pytest.raises(errors.RemoteError) as caught:
+                        async with asyncio.timeout(20):
+                            await handle.result()
+                    assert caught.value.code == ErrorCode.NOT_SUPPORTED, caught.value
+                # The FIFO is still a FIFO: the atomic writes did not replace it.
+                assert fifo.is_fifo()
+                # Nor does a service's log open wait on it (that open runs in the loop).
+                with pytest.raises(errors.RemoteError) as caught:
+                    async with asyncio.timeout(20):
+                        await hostile.call(
+                            "services.start",
+                            {"name": "fifo-log", "command": "sleep 300", "log": str(fifo)},
+                        )
+                assert caught.value.code == ErrorCode.NOT_SUPPORTED
+                assert not marked_matching(daemon.marker, "sleep 300")
+                # A cancel is answered (here: by the refusal already on its way).
+                handle = hostile.start("files.write", {"path": str(fifo), "data": b"y"})
+                handle.cancel()
+                with pytest.raises(errors.RemoteError) as caught:
+                    async with asyncio.timeout(20):
+                        await handle.result()
+                assert caught.value.code in (ErrorCode.CANCELLED, ErrorCode.NOT_SUPPORTED)
+                return len(writes) + len(reads) + 2
+            finally:
+                await hostile.close()
+
+    tried = asyncio.run(main())
+    report("fifo_writes", tried, "NOT_SUPPORTED at once; other connections served")
+
+
+def test_cancel_right_behind_its_call_is_answered(daemon: RunningExecd) -> None:
+    """A Cancel in the same read as its Call: the call never started, yet it is answered."""
+
+    def attack() -> int:
+        tried = 0
+        peer = authenticated(daemon)
+        with contextlib.closing(peer):
+            for method, params in [
+                ("server.noop", {}),
+                ("shell.run", {"command": "sleep 30"}),
+                ("files.stat", {"path": "/"}),
+            ] * 5:
+                call_id = peer.conn.next_call_id()
+                call = bytes(peer.conn.send(Call(id=call_id, method=method, params=to_raw(params))))
+                peer.send(call + bytes(peer.conn.send(Cancel(id=call_id))))
+                answer = peer.wait_answer(call_id)
+                assert isinstance(answer, Error) and answer.code == ErrorCode.CANCELLED, answer
+                tried += 1
+            call_id = peer.start("server.echo", {"data": b"alive"})
+            assert isinstance(peer.wait_answer(call_id), Reply)
+        return tried
+
+    async def main() -> int:
+        async with connected(daemon.host, daemon.port, daemon.token) as client:
+            tried = await asyncio.to_thread(attack)
+            await check_healthy(client)
+        await no_marked(daemon.marker)
+        return tried
+
+    report("cancel_behind_call", asyncio.run(main()), "CANCELLED for calls that never started")
+
+
+def read_events(proc: subprocess.Popen[bytes], timeout: float) -> list[dict[str, Any]]:
+    """The JSON lines execd printed on stdout after its listening line, until EOF or ``timeout``."""
+    assert proc.stdout is not None
+    events: list[dict[str, Any]] = []
+    buf = b""
+    deadline = time.monotonic() + timeout
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            events += [json.loads(line) for line in lines if line.strip()]
+            if any(e.get("event") == "exited" for e in events):
+                break
+    finally:
+        selector.close()
+    return events
+
+
+@contextlib.contextmanager
+def frozen_filesystem(where: Path) -> Iterator[Callable[[], None]]:
+    """A small ext4 mounted at ``where`` and frozen: writes to it block until thawed.
+
+    Yields the thaw function; thaws and unmounts on exit whatever happens.
+    """
+    for tool in ("mkfs.ext4", "fsfreeze", "mount", "umount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"needs {tool}")
+    image = where.with_suffix(".img")
+    with open(image, "wb") as handle:
+        handle.truncate(16 * MIB)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 failed: {made.stderr.decode(errors='replace').strip()}")
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(where)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount: {mounted.stderr.decode(errors='replace').strip()}")
+    thawed = False
+
+    def thaw() -> None:
+        nonlocal thawed
+        if not thawed:
+            subprocess.run(["fsfreeze", "-u", str(where)], check=False)
+            thawed = True
+
+    try:
+        subprocess.run(["fsfreeze", "-f", str(where)], check=True)
+        yield thaw
+    finally:
+        thaw()
+        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], check=False)
+        image.unlink()
+
+
+def blocked_threads(pid: int) -> int:
+    """Threads of ``pid`` in uninterruptible sleep (blocked in the kernel)."""
+    count = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_bytes()
+            if stat[stat.rfind(b")") + 2 :].split()[0] == b"D":
+                count += 1
+    return count
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not IS_ROOT, reason="freezing a filesystem needs root")
+@pytest.mark.parametrize("ending", ["shutdown", "sigterm"])
+def test_units_stuck_on_a_frozen_filesystem(ending: str, tmp_path: Path) -> None:
+    """Writes that hang in the kernel: cancels answered, others served, execd still ends."""
+
+    async def main(running: RunningExecd, frozen: Path, thaw: Callable[[], None]) -> int:
+        hostile = await harnessd.connect(running.host, running.port, running.token)
+        other = await harnessd.connect(running.host, running.port, running.token)
+        try:
+            await check_healthy(other)
+            stuck = [
+                hostile.start(
+                    "files.write", {"path": str(frozen / f"f{i}"), "data": b"x", "atomic": False}
+                )
+                for i in range(8)
+            ]
+            deadline = time.monotonic() + 30
+            while blocked_threads(running.pid) < 4:
+                assert time.monotonic() < deadline, "the writes did not block"
+                await asyncio.sleep(0.05)
+            # Every other connection keeps being served, files included.
+            async with asyncio.timeout(20):
+                for index in range(12):
+                    path = str(running.state_dir.parent / f"ok-{index}")
+                    await other.call("files.write", {"path": path, "data": b"ok"})
+                    assert (await other.call("files.stat", {"path": path}))["size"] == 2
+                await check_healthy(other)
+            # Every cancel is answered although four writes stay blocked in the kernel.
+            for handle in stuck:
+                handle.cancel()
+            for handle in stuck:
+                with pytest.raises(errors.RemoteError) as caught:
+                    async with asyncio.timeout(20):
+                        await handle.result()
+                assert caught.value.code == ErrorCode.CANCELLED
+            assert blocked_threads(running.pid) >= 4
+            if ending == "shutdown":
+                closed = await other.close_session(shutdown=True)
+                assert closed.remaining == []
+            else:
+                running.proc.send_signal(signal.SIGTERM)
+        finally:
+            await hostile.close()
+            await other.close()
+        # execd finishes its cleanup and says so while the writes still hang ...
+        events = await asyncio.to_thread(read_events, running.proc, 60)
+        exited = [e for e in events if e.get("event") == "exited"]
+        assert exited and exited[0]["code"] == 0, events
+        await no_marked(running.marker)
+        # ... and the process is gone once the kernel lets its blocked threads go.
+        thaw()
+        assert await asyncio.to_thread(running.proc.wait, 60) == 0
+        return len(stuck)
+
+    frozen = tmp_path / "frozen"
+    # Thawed before execd is torn down: a process blocked on a frozen filesystem cannot die.
+    with start_execd(tmp_path) as running, frozen_filesystem(frozen) as thaw:
+        tried = asyncio.run(main(running, frozen, thaw))
+    report(f"frozen_fs_{ending}", tried, "CANCELLED answered, others served, execd ended")
+
+
+def test_hostile_nesting_gets_typed_answers(daemon: RunningExecd) -> None:
+    def deep(depth: int) -> bytes:
+        return b"\x91" * depth + b"\xc0"
+
+    def hello_with(extra: bytes) -> bytes:
+        conn = ClientConnection(daemon.token.encode())
+        hello = conn.data_to_send()[4:]
+        assert isinstance(msgspec.msgpack.decode(hello), dict)
+        body = bytes((hello[0] + 1,)) + hello[1:] + msgspec.msgpack.encode("extra") + extra
+        return frame_header(len(body)) + body
+
+    def attack() -> int:
+        tried = 0
+        # Before authentication the frame cap is 4096 bytes: a few thousand levels at most.
+        for depth in (2000, 3900):
+            with raw_peer(daemon) as peer:
+                peer.send(hello_with(deep(depth)))
+                data = peer.drain_to_eof(10)
+                assert peer.eof, "execd kept a connection whose Hello it could not decode"
+                assert abort_code(plain_frames(data)) == ErrorCode.INVALID_MESSAGE
+                tried += 1
+        # After it: deep params are INVALID_PARAMS and the connection lives on.
+        for cipher in (limits.CIPHER_NONE, limits.CIPHER_AESGCM):
+            peer = authenticated(daemon, cipher=cipher)
+            with contextlib.closing(peer):
+                for depth in (990, 5000, 50000):
+                    call_id = peer.conn.next_call_id()
+                    peer.send_message(
+                        Call(id=call_id, method="server.echo", params=msgspec.Raw(deep(depth)))
+                    )
+                    answer = peer.wait_answer(call_id)
+                    assert isinstance(answer, Error), answer
+                    assert answer.code == ErrorCode.INVALID_PARAMS
+                    tried += 1
+                deep_map = b"\x81\xa4data" + deep(5000)
+                call_id = peer.conn.next_call_id()
+                peer.send_message(
+                    Call(id=call_id, method="server.echo", params=msgspec.Raw(deep_map))
+                )
+                answer = peer.wait_answer(call_id)
+                assert isinstance(answer, Error) and answer.code == ErrorCode.INVALID_PARAMS
+                call_id = peer.start("server.echo", {"data": b"alive"})
+                assert isinstance(peer.wait_answer(call_id), Reply)
+                tried += 1
+        # A deep unknown field of the call itself (not of its params) closes the connection.
+        peer = authenticated(daemon)
+        with contextlib.closing(peer):
+            body = encode_message(Call(id=peer.conn.next_call_id(), method="server.noop"))
+            body = bytes((body[0] + 1,)) + body[1:] + msgspec.msgpack.encode("x") + deep(5000)
+            peer.send(frame_header(len(body)) + body)
+            assert peer.expect_abort() == ErrorCode.INVALID_MESSAGE
+            tried += 1
+        return tried
+
+    async def main() -> int:
+        before = daemon.log().count("Traceback")
+        async with connected(daemon.host, daemon.port, daemon.token) as client:
+            await check_healthy(client)
+            tried = await asyncio.to_thread(attack)
+            await check_healthy(client)
+        assert daemon.log().count("Traceback") == before, daemon.log()[-4000:]
+        assert "RecursionError" not in daemon.log()
+        await no_marked(daemon.marker)
+        return tried
+
+    report("hostile_nesting", asyncio.run(main()), "INVALID_MESSAGE / INVALID_PARAMS, no traceback")
+
+
+def test_idle_unauthenticated_peers_never_lock_out_a_client(tmp_path: Path) -> None:
+    count = 500
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = count + 256
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"needs {need} open files, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+    def open_idle() -> list[socket.socket]:
+        socks = []
+        for _ in range(count):
+            sock = socket.create_connection((running.host, running.port), timeout=10)
+            socks.append(sock)
+        return socks
+
+    def shed(socks: list[socket.socket]) -> dict[str, int]:
+        codes: dict[str, int] = {}
+        for sock in socks:
+            sock.setblocking(False)
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                codes["open"] = codes.get("open", 0) + 1
+                continue
+            except ConnectionResetError:
+                data = b""
+            code = abort_code(plain_frames(data))
+            name = ErrorCode(code).name if code is not None else "closed without abort"
+            codes[name] = codes.get(name, 0) + 1
+        return codes
+
+    async def main() -> dict[str, int]:
+        socks = await asyncio.to_thread(open_idle)
+        try:
+            # Handshakes do not time out for a minute: only shedding can make room.
+            for _ in range(5):
+                async with connected(
+                    running.host, running.port, running.token, timeout=30
+                ) as client:
+                    await check_healthy(client)
+            await asyncio.sleep(0.5)
+            return await asyncio.to_thread(shed, socks)
+        finally:
+            for sock in socks:
+                sock.close()
+
+    with start_execd(tmp_path, "--handshake-timeout", "60") as running:
+        found = asyncio.run(main())
+        assert "Traceback" not in running.log()
+    assert found.get("CONNECTION_LIMIT", 0) >= count - 64, found
+    assert set(found) <= {"CONNECTION_LIMIT", "open"}, found
+    report("idle_unauthenticated", count, ", ".join(f"{n} {k}" for k, n in sorted(found.items())))
+
+
+def test_memory_settles_after_a_hostile_phase(tmp_path: Path) -> None:
+    slack_kib = 24 * 1024
+
+    async def hostile(running: RunningExecd) -> None:
+        async with connected(running.host, running.port, running.token) as big:
+            with contextlib.suppress(errors.RemoteError):
+                await big.call("server.echo", {"data": os.urandom(15 * MIB)})
+            await big.call(
+                "shell.run",
+                {"command": "head -c 20000000 /dev/zero; head -c 20000000 /dev/zero >&2"},
+            )
+            data = os.urandom(16 * MIB - 4096)
+            await big.call("files.write", {"path": str(tmp_path / "w.bin"), "data": data})
+            await big.call("files.read", {"path": str(tmp_path / "w.bin")})
+
+        async def one() -> None:
+            async with connected(running.host, running.port, running.token) as c:
+                await c.call("server.echo", {"data": os.urandom(MIB)})
+                await c.call("shell.run", {"command": "head -c 3000000 /dev/zero"})
+
+        await asyncio.gather(*(one() for _ in range(20)))
+
+    async def main(running: RunningExecd) -> tuple[int, int, int]:
+        await asyncio.sleep(1)
+        idle = running.rss_kib()
+        peak = 0
+        for _ in range(2):
+            await hostile(running)
+            peak = max(peak, running.rss_kib())
+        deadline = time.monotonic() + 30
+        while running.rss_kib() > idle + slack_kib:
+            assert time.monotonic() < deadline, (idle, peak, running.rss_kib())
+            await asyncio.sleep(0.25)
+        return idle, peak, running.rss_kib()
+
+    with start_execd(tmp_path) as running:
+        idle, peak, settled = asyncio.run(main(running))
+        asyncio.run(no_marked(running.marker))
+    report(
+        "memory_settles",
+        2,
+        f"RSS {idle // 1024} MiB idle, {peak // 1024} MiB at peak, {settled // 1024} MiB after",
+    )
