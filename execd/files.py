@@ -133,15 +133,15 @@ class FilesCapability:
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return [
-            Method(api.READ, ReadParams, self.read),
-            Method(api.WRITE, WriteParams, self.write),
-            Method(api.STAT, StatParams, self.stat),
-            Method(api.LIST, ListParams, self.list),
-            Method(api.MKDIR, MkdirParams, self.mkdir),
-            Method(api.REMOVE, RemoveParams, self.remove),
-            Method(api.MOVE, MoveParams, self.move),
-            Method(api.CHMOD, ChmodParams, self.chmod),
-            Method(api.SHA256, Sha256Params, self.sha256),
+            Method(api.READ, ReadParams, self.files_read),
+            Method(api.WRITE, WriteParams, self.files_write),
+            Method(api.STAT, StatParams, self.files_stat),
+            Method(api.LIST, ListParams, self.files_list),
+            Method(api.MKDIR, MkdirParams, self.files_mkdir),
+            Method(api.REMOVE, RemoveParams, self.files_remove),
+            Method(api.MOVE, MoveParams, self.files_move),
+            Method(api.CHMOD, ChmodParams, self.files_chmod),
+            Method(api.SHA256, Sha256Params, self.files_sha256),
         ]
 
     def _work(self, ctx: CallContext) -> Work:
@@ -150,7 +150,7 @@ class FilesCapability:
 
     # -- read ----------------------------------------------------------------------
 
-    async def read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
+    async def files_read(self, params: ReadParams, ctx: CallContext) -> ReadResult:
         """Read a byte range of a regular file, inline or on the ``data`` stream.
 
         The content is inline in the result when it fits one reply frame
@@ -230,7 +230,7 @@ class FilesCapability:
 
     # -- write ---------------------------------------------------------------------
 
-    async def write(self, params: WriteParams, ctx: CallContext) -> WriteResult:
+    async def files_write(self, params: WriteParams, ctx: CallContext) -> WriteResult:
         """Write inline ``data`` or the client's ``data`` stream to a regular file.
 
         Atomic mode (the default) never leaves a torn target: the content goes
@@ -320,7 +320,7 @@ class FilesCapability:
 
     # -- metadata ------------------------------------------------------------------
 
-    async def stat(self, params: StatParams, ctx: CallContext) -> StatResult:
+    async def files_stat(self, params: StatParams, ctx: CallContext) -> StatResult:
         """Type, size, permission bits, mtime, owner and link target of a path."""
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
@@ -329,7 +329,7 @@ class FilesCapability:
                     functools.partial(fsops.stat_path, path, params.follow_symlinks)
                 )
 
-    async def list(self, params: ListParams, ctx: CallContext) -> ListResult:
+    async def files_list(self, params: ListParams, ctx: CallContext) -> ListResult:
         """List a directory, optionally recursively, without following symlinks.
 
         At most ``limit`` entries (never more than the configured
@@ -353,7 +353,7 @@ class FilesCapability:
                     )
                 )
 
-    async def mkdir(self, params: MkdirParams, ctx: CallContext) -> MkdirResult:
+    async def files_mkdir(self, params: MkdirParams, ctx: CallContext) -> MkdirResult:
         """Create a directory; ``created`` is false if it already existed."""
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
@@ -365,7 +365,7 @@ class FilesCapability:
                 )
         return MkdirResult(created=created)
 
-    async def remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
+    async def files_remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
         """Remove a path; a non-empty directory needs ``recursive`` (else NotEmpty)."""
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
@@ -375,7 +375,7 @@ class FilesCapability:
                 )
         return RemoveResult(removed=removed)
 
-    async def move(self, params: MoveParams, ctx: CallContext) -> MoveResult:
+    async def files_move(self, params: MoveParams, ctx: CallContext) -> MoveResult:
         """Rename ``src`` to ``dst``, copying across filesystems (see ``fsops.move_path``)."""
         src = fsops.check_path(params.src)
         dst = fsops.check_path(params.dst)
@@ -386,7 +386,7 @@ class FilesCapability:
                 )
         return MoveResult(copied=copied)
 
-    async def chmod(self, params: ChmodParams, ctx: CallContext) -> ChmodResult:
+    async def files_chmod(self, params: ChmodParams, ctx: CallContext) -> ChmodResult:
         """Set the permission bits of a path."""
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
@@ -394,7 +394,7 @@ class FilesCapability:
                 mode = await work.run(functools.partial(fsops.change_mode, path, params.mode))
         return ChmodResult(mode=mode)
 
-    async def sha256(self, params: Sha256Params, ctx: CallContext) -> Sha256Result:
+    async def files_sha256(self, params: Sha256Params, ctx: CallContext) -> Sha256Result:
         """SHA-256 of a regular file's content, hashed block by block."""
         path = fsops.check_path(params.path)
         hasher = hashlib.sha256()

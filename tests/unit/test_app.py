@@ -21,18 +21,7 @@ def methods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 NAMESPACES = ["files", "ledger", "server", "services", "session", "sessions", "shell", "watch"]
 
 
-@pytest.mark.parametrize(
-    "namespace",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(strict=True, reason="files handlers are bare verbs"),
-        )
-        if name == "files"
-        else name
-        for name in NAMESPACES
-    ],
-)
+@pytest.mark.parametrize("namespace", NAMESPACES)
 def test_every_handler_is_named_after_its_method(methods: dict[str, str], namespace: str) -> None:
     mine = {name: handler for name, handler in methods.items() if name.split(".")[0] == namespace}
     assert mine

@@ -191,7 +191,7 @@ def test_read_small_file_inline(tmp_path: Path) -> None:
     target = tmp_path / "small.txt"
     target.write_bytes(b"hello world")
     ctx = LocalContext()
-    result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
+    result = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), ctx))
     assert result.data == b"hello world"
     assert (result.size, result.bytes_sent, result.streamed, result.eof) == (11, 11, False, True)
     assert result.sha256 == sha(b"hello world")
@@ -202,13 +202,17 @@ def test_read_range_and_past_end(tmp_path: Path) -> None:
     target = tmp_path / "range.bin"
     target.write_bytes(bytes(range(100)))
     ctx = LocalContext()
-    middle = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=10, length=5), ctx))
+    middle = run(
+        CAP.files_read(ReadParams(checksum=True, path=str(target), offset=10, length=5), ctx)
+    )
     assert middle.data == bytes(range(10, 15))
     assert middle.sha256 == sha(bytes(range(10, 15)))
     assert not middle.eof
-    tail = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=95, length=50), ctx))
+    tail = run(
+        CAP.files_read(ReadParams(checksum=True, path=str(target), offset=95, length=50), ctx)
+    )
     assert tail.data == bytes(range(95, 100)) and tail.eof
-    beyond = run(CAP.read(ReadParams(checksum=True, path=str(target), offset=1000), ctx))
+    beyond = run(CAP.files_read(ReadParams(checksum=True, path=str(target), offset=1000), ctx))
     assert beyond.data == b"" and beyond.bytes_sent == 0 and beyond.eof
 
 
@@ -216,7 +220,7 @@ def test_read_stream_requested_for_small_file(tmp_path: Path) -> None:
     target = tmp_path / "s.txt"
     target.write_bytes(b"abc")
     ctx = LocalContext()
-    result = run(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
+    result = run(CAP.files_read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
     assert result.streamed and result.data is None
     assert ctx.received("data") == b"abc"
     assert "data" in ctx.ended
@@ -228,14 +232,14 @@ def test_read_streams_when_content_exceeds_one_frame(tmp_path: Path) -> None:
     target = tmp_path / "mid.bin"
     target.write_bytes(content)
     ctx = LocalContext(max_chunk=64 * 1024)
-    result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
+    result = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), ctx))
     assert result.streamed and result.data is None
     assert ctx.received("data") == content
     assert all(len(chunk) <= 64 * 1024 for chunk in ctx.sent["data"])
     assert result.sha256 == sha(content)
     # The same file fits inline when frames are large enough.
     big_ctx = LocalContext(max_chunk=1024 * 1024)
-    inline = run(CAP.read(ReadParams(checksum=True, path=str(target)), big_ctx))
+    inline = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), big_ctx))
     assert inline.data == content and not big_ctx.sent
 
 
@@ -244,13 +248,13 @@ def test_read_max_bytes(tmp_path: Path) -> None:
     target.write_bytes(b"x" * 1000)
     error = fails(
         TooLarge,
-        CAP.read(ReadParams(checksum=True, path=str(target), max_bytes=999), LocalContext()),
+        CAP.files_read(ReadParams(checksum=True, path=str(target), max_bytes=999), LocalContext()),
     )
     assert error.data["size"] == 1000
     assert error.code == ErrorCode.TOO_LARGE
     # A range within the guard is fine.
     params = ReadParams(checksum=True, path=str(target), offset=500, length=100, max_bytes=100)
-    assert run(CAP.read(params, LocalContext())).data == b"x" * 100
+    assert run(CAP.files_read(params, LocalContext())).data == b"x" * 100
 
 
 def test_read_64_mib_streamed_reassembles_exactly(tmp_path: Path) -> None:
@@ -258,7 +262,7 @@ def test_read_64_mib_streamed_reassembles_exactly(tmp_path: Path) -> None:
     target = tmp_path / "big.bin"
     target.write_bytes(content)
     ctx = LocalContext(max_chunk=256 * 1024)
-    result = run(CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
+    result = run(CAP.files_read(ReadParams(checksum=True, path=str(target), stream=True), ctx))
     received = ctx.received("data")
     assert len(received) == len(content) and received == content
     assert result.sha256 == sha(content) == sha(received)
@@ -275,7 +279,7 @@ def test_read_1_gib_with_bounded_memory(tmp_path: Path) -> None:
     ctx = CountingContext(max_chunk=256 * 1024)
     tracemalloc.start()
     try:
-        result = run(CAP.read(ReadParams(checksum=True, path=str(target)), ctx))
+        result = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), ctx))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -294,7 +298,7 @@ def test_read_cancelled_while_waiting_for_credit_releases_the_file(tmp_path: Pat
         before = open_fds()
         ctx = StalledContext()
         task = asyncio.create_task(
-            CAP.read(ReadParams(checksum=True, path=str(target), stream=True), ctx)
+            CAP.files_read(ReadParams(checksum=True, path=str(target), stream=True), ctx)
         )
         await asyncio.wait_for(ctx.sending.wait(), 30)
         assert open_fds() == before + 1
@@ -307,12 +311,12 @@ def test_read_cancelled_while_waiting_for_credit_releases_the_file(tmp_path: Pat
 
 
 def test_read_pseudo_files_whose_size_says_zero() -> None:
-    small = run(CAP.read(ReadParams(checksum=True, path="/proc/self/status"), LocalContext()))
+    small = run(CAP.files_read(ReadParams(checksum=True, path="/proc/self/status"), LocalContext()))
     assert small.size == 0 and not small.streamed and small.eof
     assert small.data is not None and small.data.startswith(b"Name:")
     # Larger than one tiny frame: the inline read turns into a stream mid-way.
     ctx = LocalContext(max_chunk=2048)
-    big = run(CAP.read(ReadParams(checksum=True, path="/proc/self/smaps"), ctx))
+    big = run(CAP.files_read(ReadParams(checksum=True, path="/proc/self/smaps"), ctx))
     received = ctx.received("data")
     assert big.streamed and big.data is None and "data" in ctx.ended
     assert big.bytes_sent == len(received) > 2048
@@ -323,18 +327,26 @@ def test_read_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"x")
     os.mkfifo(tmp_path / "fifo")
     ctx = LocalContext()
-    missing = fails(NotFound, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "nope")), ctx))
+    missing = fails(
+        NotFound, CAP.files_read(ReadParams(checksum=True, path=str(tmp_path / "nope")), ctx)
+    )
     assert missing.data["errno"] == "ENOENT"
     assert str(tmp_path / "nope") in missing.message
-    fails(IsADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path)), ctx))
+    fails(IsADirectory, CAP.files_read(ReadParams(checksum=True, path=str(tmp_path)), ctx))
     fails(
-        NotADirectory, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "file" / "x")), ctx)
+        NotADirectory,
+        CAP.files_read(ReadParams(checksum=True, path=str(tmp_path / "file" / "x")), ctx),
     )
-    fails(NotSupported, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "fifo")), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=""), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=str(tmp_path / "a\x00b")), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path="a" * 5000), ctx))
-    fails(InvalidPath, CAP.read(ReadParams(checksum=True, path=str(tmp_path / ("n" * 300))), ctx))
+    fails(NotSupported, CAP.files_read(ReadParams(checksum=True, path=str(tmp_path / "fifo")), ctx))
+    fails(InvalidPath, CAP.files_read(ReadParams(checksum=True, path=""), ctx))
+    fails(
+        InvalidPath, CAP.files_read(ReadParams(checksum=True, path=str(tmp_path / "a\x00b")), ctx)
+    )
+    fails(InvalidPath, CAP.files_read(ReadParams(checksum=True, path="a" * 5000), ctx))
+    fails(
+        InvalidPath,
+        CAP.files_read(ReadParams(checksum=True, path=str(tmp_path / ("n" * 300))), ctx),
+    )
 
 
 def _as_unprivileged_user(calls: list[Callable[[], Awaitable[Any]]]) -> list[str]:
@@ -374,9 +386,11 @@ def test_permission_denied() -> None:
     target = where / "private"
     target.write_bytes(b"secret")
     calls: list[Callable[[], Awaitable[Any]]] = [
-        lambda: CAP.read(ReadParams(checksum=True, path=str(target)), LocalContext()),
-        lambda: CAP.write(WriteParams(checksum=True, path=str(target), data=b"no"), LocalContext()),
-        lambda: CAP.list(ListParams(path=str(where)), LocalContext()),
+        lambda: CAP.files_read(ReadParams(checksum=True, path=str(target)), LocalContext()),
+        lambda: CAP.files_write(
+            WriteParams(checksum=True, path=str(target), data=b"no"), LocalContext()
+        ),
+        lambda: CAP.files_list(ListParams(path=str(where)), LocalContext()),
     ]
     try:
         # Others (and, below, the owner) may enter the directory but not list or write it.
@@ -413,7 +427,7 @@ def test_write_over_immutable_target_fails_cleanly(tmp_path: Path) -> None:
     try:
         # The rename over the target is refused after all data went to the temporary.
         params = WriteParams(checksum=True, path=str(target), data=b"n" * (3 * MiB))
-        error = fails(PermissionDenied, CAP.write(params, LocalContext()))
+        error = fails(PermissionDenied, CAP.files_write(params, LocalContext()))
         assert error.data["errno"] == "EPERM"
         assert target.read_bytes() == b"old"
         assert leftovers(tmp_path, {"frozen"}) == set()
@@ -427,7 +441,9 @@ def test_write_over_immutable_target_fails_cleanly(tmp_path: Path) -> None:
 def test_write_new_file_inline(tmp_path: Path) -> None:
     target = tmp_path / "new.txt"
     result = run(
-        CAP.write(WriteParams(checksum=True, path=str(target), data=b"content"), LocalContext())
+        CAP.files_write(
+            WriteParams(checksum=True, path=str(target), data=b"content"), LocalContext()
+        )
     )
     assert target.read_bytes() == b"content"
     assert (result.size, result.sha256) == (7, sha(b"content"))
@@ -439,18 +455,20 @@ def test_write_atomic_preserves_mode_unless_given(tmp_path: Path) -> None:
     target = tmp_path / "keep.sh"
     target.write_bytes(b"old")
     target.chmod(0o751)
-    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"new"), LocalContext()))
+    run(CAP.files_write(WriteParams(checksum=True, path=str(target), data=b"new"), LocalContext()))
     assert target.read_bytes() == b"new"
     assert stat.S_IMODE(target.stat().st_mode) == 0o751
     run(
-        CAP.write(
+        CAP.files_write(
             WriteParams(checksum=True, path=str(target), data=b"newer", mode=0o600), LocalContext()
         )
     )
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     fresh = tmp_path / "fresh"
     run(
-        CAP.write(WriteParams(checksum=True, path=str(fresh), data=b"", mode=0o640), LocalContext())
+        CAP.files_write(
+            WriteParams(checksum=True, path=str(fresh), data=b"", mode=0o640), LocalContext()
+        )
     )
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o640 and fresh.read_bytes() == b""
     assert leftovers(tmp_path, {"keep.sh", "fresh"}) == set()
@@ -460,11 +478,11 @@ def test_write_atomic_replaces_inode_plain_write_keeps_it(tmp_path: Path) -> Non
     target = tmp_path / "inode"
     target.write_bytes(b"0123456789")
     before = target.stat().st_ino
-    run(CAP.write(WriteParams(checksum=True, path=str(target), data=b"ab"), LocalContext()))
+    run(CAP.files_write(WriteParams(checksum=True, path=str(target), data=b"ab"), LocalContext()))
     assert target.stat().st_ino != before and target.read_bytes() == b"ab"
     middle = target.stat().st_ino
     params = WriteParams(checksum=True, path=str(target), data=b"x", atomic=False, mode=0o604)
-    run(CAP.write(params, LocalContext()))
+    run(CAP.files_write(params, LocalContext()))
     assert target.stat().st_ino == middle and target.read_bytes() == b"x"
     assert stat.S_IMODE(target.stat().st_mode) == 0o604
 
@@ -473,12 +491,12 @@ def test_write_append(tmp_path: Path) -> None:
     target = tmp_path / "log"
     target.write_bytes(b"one\n")
     params = WriteParams(checksum=True, path=str(target), data=b"two\n", append=True, atomic=False)
-    result = run(CAP.write(params, LocalContext()))
+    result = run(CAP.files_write(params, LocalContext()))
     assert target.read_bytes() == b"one\ntwo\n"
     assert (result.size, result.sha256) == (4, sha(b"two\n"))
     error = fails(
         InvalidParams,
-        CAP.write(
+        CAP.files_write(
             WriteParams(checksum=True, path=str(target), data=b"x", append=True), LocalContext()
         ),
     )
@@ -489,11 +507,12 @@ def test_write_append(tmp_path: Path) -> None:
 def test_write_create_parents(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "c.txt"
     fails(
-        NotFound, CAP.write(WriteParams(checksum=True, path=str(target), data=b"x"), LocalContext())
+        NotFound,
+        CAP.files_write(WriteParams(checksum=True, path=str(target), data=b"x"), LocalContext()),
     )
     assert not (tmp_path / "a").exists()
     params = WriteParams(checksum=True, path=str(target), data=b"x", create_parents=True)
-    run(CAP.write(params, LocalContext()))
+    run(CAP.files_write(params, LocalContext()))
     assert target.read_bytes() == b"x"
 
 
@@ -503,7 +522,7 @@ def test_write_through_symlink_updates_the_link_target(tmp_path: Path) -> None:
     real.chmod(0o640)
     link = tmp_path / "link.txt"
     link.symlink_to("real.txt")
-    run(CAP.write(WriteParams(checksum=True, path=str(link), data=b"new"), LocalContext()))
+    run(CAP.files_write(WriteParams(checksum=True, path=str(link), data=b"new"), LocalContext()))
     assert link.is_symlink() and real.read_bytes() == b"new"
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
     assert leftovers(tmp_path, {"real.txt", "link.txt"}) == set()
@@ -516,16 +535,20 @@ def test_write_refuses_special_files_without_waiting(tmp_path: Path) -> None:
     for atomic in (False, True):
         # A FIFO without a reader: the open must not wait for one.
         error = fails(
-            NotSupported, CAP.write(WriteParams(path=str(fifo), data=b"x", atomic=atomic), ctx)
+            NotSupported,
+            CAP.files_write(WriteParams(path=str(fifo), data=b"x", atomic=atomic), ctx),
         )
         assert error.data == {"path": str(fifo)}
         streamed = WriteParams(path=str(fifo), stream=True, atomic=atomic)
-        fails(NotSupported, CAP.write(streamed, LocalContext()))
+        fails(NotSupported, CAP.files_write(streamed, LocalContext()))
         assert fifo.is_fifo(), "the FIFO was replaced"
     # A device: neither written through nor replaced by a rename.
     before = os.stat("/dev/null")
     for atomic in (False, True):
-        fails(NotSupported, CAP.write(WriteParams(path="/dev/null", data=b"x", atomic=atomic), ctx))
+        fails(
+            NotSupported,
+            CAP.files_write(WriteParams(path="/dev/null", data=b"x", atomic=atomic), ctx),
+        )
     after = os.stat("/dev/null")
     assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
     assert leftovers(tmp_path, {"fifo"}) == set()
@@ -537,18 +560,18 @@ def test_write_errors(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"f")
     fails(
         IsADirectory,
-        CAP.write(WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x"), ctx),
+        CAP.files_write(WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x"), ctx),
     )
     plain = WriteParams(checksum=True, path=str(tmp_path / "dir"), data=b"x", atomic=False)
-    fails(IsADirectory, CAP.write(plain, ctx))
+    fails(IsADirectory, CAP.files_write(plain, ctx))
     nested = str(tmp_path / "file" / "x")
-    fails(NotADirectory, CAP.write(WriteParams(checksum=True, path=nested, data=b"x"), ctx))
+    fails(NotADirectory, CAP.files_write(WriteParams(checksum=True, path=nested, data=b"x"), ctx))
     both = WriteParams(checksum=True, path=str(tmp_path / "w"), data=b"x", stream=True)
-    fails(InvalidParams, CAP.write(both, ctx))
-    fails(InvalidParams, CAP.write(WriteParams(checksum=True, path=str(tmp_path / "w")), ctx))
+    fails(InvalidParams, CAP.files_write(both, ctx))
+    fails(InvalidParams, CAP.files_write(WriteParams(checksum=True, path=str(tmp_path / "w")), ctx))
     wrong_size = WriteParams(checksum=True, path=str(tmp_path / "w"), data=b"abc", expected_size=4)
-    fails(InvalidParams, CAP.write(wrong_size, ctx))
-    fails(InvalidPath, CAP.write(WriteParams(checksum=True, path="", data=b"x"), ctx))
+    fails(InvalidParams, CAP.files_write(wrong_size, ctx))
+    fails(InvalidPath, CAP.files_write(WriteParams(checksum=True, path="", data=b"x"), ctx))
     assert leftovers(tmp_path, {"dir", "file"}) == set()
     assert os.listdir(tmp_path / "dir") == []
 
@@ -570,7 +593,7 @@ def test_write_streamed_64_mib(tmp_path: Path) -> None:
         params = WriteParams(
             checksum=True, path=str(target), stream=True, expected_size=len(content)
         )
-        result = await CAP.write(params, ctx)
+        result = await CAP.files_write(params, ctx)
         assert (result.size, result.sha256) == (len(content), sha(content))
 
     asyncio.run(main())
@@ -588,7 +611,7 @@ def test_write_streamed_with_wrong_expected_size_keeps_target(tmp_path: Path) ->
         _feed(ctx, content, 1000)
         params = WriteParams(checksum=True, path=str(target), stream=True, expected_size=expected)
         with pytest.raises(StreamError) as info:
-            await CAP.write(params, ctx)
+            await CAP.files_write(params, ctx)
         return info.value
 
     short = asyncio.run(attempt(b"a" * 5000, 6000))
@@ -605,7 +628,7 @@ def test_write_failing_client_stream_leaves_target_intact(tmp_path: Path) -> Non
     target.chmod(0o640)
     ctx = FailingStreamContext([b"n" * (256 * 1024)] * 12)
     with pytest.raises(ConnectionLost):
-        run(CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx))
+        run(CAP.files_write(WriteParams(checksum=True, path=str(target), stream=True), ctx))
     assert target.read_bytes() == b"old content"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert leftovers(tmp_path, {"precious"}) == set()
@@ -619,7 +642,7 @@ def test_write_cancelled_midway_leaves_target_intact(tmp_path: Path) -> None:
         ctx = LocalContext()
         _feed(ctx, b"n" * (3 * MiB), 64 * 1024, end=False)
         task = asyncio.create_task(
-            CAP.write(WriteParams(checksum=True, path=str(target), stream=True), ctx)
+            CAP.files_write(WriteParams(checksum=True, path=str(target), stream=True), ctx)
         )
         # Wait until the temporary file holds data, i.e. the write is truly under way.
         for _ in range(3000):
@@ -647,7 +670,9 @@ def test_write_no_space_leaves_no_torn_file() -> None:
         ctx = LocalContext()
         error = fails(
             NoSpace,
-            CAP.write(WriteParams(checksum=True, path=str(target), data=b"x" * (2 * MiB)), ctx),
+            CAP.files_write(
+                WriteParams(checksum=True, path=str(target), data=b"x" * (2 * MiB)), ctx
+            ),
         )
         assert error.data["errno"] == "ENOSPC"
         assert str(target) in error.message
@@ -661,7 +686,7 @@ def test_write_no_space_leaves_no_torn_file() -> None:
                 checksum=True, path=str(target), stream=True, expected_size=expected
             )
             with pytest.raises(NoSpace):
-                await CAP.write(params, stream_ctx)
+                await CAP.files_write(params, stream_ctx)
 
         asyncio.run(streamed(None))
         asyncio.run(streamed(2 * MiB))  # fails up front, while reserving space
@@ -675,19 +700,23 @@ def test_write_read_only_filesystem() -> None:
     with tmpfs("1m", "ro") as where:
         target = str(where / "x")
         fails(
-            ReadOnly, CAP.write(WriteParams(checksum=True, path=target, data=b"x"), LocalContext())
+            ReadOnly,
+            CAP.files_write(WriteParams(checksum=True, path=target, data=b"x"), LocalContext()),
         )
-        fails(ReadOnly, CAP.mkdir(MkdirParams(path=target), LocalContext()))
+        fails(ReadOnly, CAP.files_mkdir(MkdirParams(path=target), LocalContext()))
 
 
 def test_relative_paths_resolve_against_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    run(CAP.write(WriteParams(checksum=True, path="rel.txt", data=b"here"), LocalContext()))
+    run(CAP.files_write(WriteParams(checksum=True, path="rel.txt", data=b"here"), LocalContext()))
     assert (tmp_path / "rel.txt").read_bytes() == b"here"
-    assert run(CAP.read(ReadParams(checksum=True, path="rel.txt"), LocalContext())).data == b"here"
-    run(CAP.mkdir(MkdirParams(path="sub/deeper"), LocalContext()))
+    assert (
+        run(CAP.files_read(ReadParams(checksum=True, path="rel.txt"), LocalContext())).data
+        == b"here"
+    )
+    run(CAP.files_mkdir(MkdirParams(path="sub/deeper"), LocalContext()))
     assert (tmp_path / "sub" / "deeper").is_dir()
 
 
@@ -700,30 +729,30 @@ def test_stat(tmp_path: Path) -> None:
     target.write_bytes(b"12345")
     target.chmod(0o640)
     os.utime(target, ns=(1_000_000_000, 1_500_000_000_123))
-    info = run(CAP.stat(StatParams(path=str(target)), ctx))
+    info = run(CAP.files_stat(StatParams(path=str(target)), ctx))
     assert (info.type, info.size, info.mode, info.target) == ("file", 5, 0o640, None)
     assert info.mtime_ns == 1_500_000_000_123
     assert info.mtime == pytest.approx(1500.000000123)
     assert (info.uid, info.gid) == (os.getuid(), os.getgid())
-    assert run(CAP.stat(StatParams(path=str(tmp_path)), ctx)).type == "dir"
+    assert run(CAP.files_stat(StatParams(path=str(tmp_path)), ctx)).type == "dir"
     link = tmp_path / "link"
     link.symlink_to("f")
-    followed = run(CAP.stat(StatParams(path=str(link)), ctx))
+    followed = run(CAP.files_stat(StatParams(path=str(link)), ctx))
     assert (followed.type, followed.size, followed.target) == ("file", 5, "f")
-    itself = run(CAP.stat(StatParams(path=str(link), follow_symlinks=False), ctx))
+    itself = run(CAP.files_stat(StatParams(path=str(link), follow_symlinks=False), ctx))
     assert (itself.type, itself.target) == ("symlink", "f")
     dangling = tmp_path / "dangling"
     dangling.symlink_to("missing")
-    fails(NotFound, CAP.stat(StatParams(path=str(dangling)), ctx))
-    unfollowed = run(CAP.stat(StatParams(path=str(dangling), follow_symlinks=False), ctx))
+    fails(NotFound, CAP.files_stat(StatParams(path=str(dangling)), ctx))
+    unfollowed = run(CAP.files_stat(StatParams(path=str(dangling), follow_symlinks=False), ctx))
     assert unfollowed.target == "missing"
     os.mkfifo(tmp_path / "fifo")
-    assert run(CAP.stat(StatParams(path=str(tmp_path / "fifo")), ctx)).type == "other"
-    fails(NotFound, CAP.stat(StatParams(path=str(tmp_path / "nope")), ctx))
-    fails(NotADirectory, CAP.stat(StatParams(path=str(target / "x")), ctx))
+    assert run(CAP.files_stat(StatParams(path=str(tmp_path / "fifo")), ctx)).type == "other"
+    fails(NotFound, CAP.files_stat(StatParams(path=str(tmp_path / "nope")), ctx))
+    fails(NotADirectory, CAP.files_stat(StatParams(path=str(target / "x")), ctx))
     loop = tmp_path / "loop"
     loop.symlink_to("loop")
-    fails(InvalidPath, CAP.stat(StatParams(path=str(loop)), ctx))
+    fails(InvalidPath, CAP.files_stat(StatParams(path=str(loop)), ctx))
 
 
 # -- files.list ----------------------------------------------------------------------
@@ -747,13 +776,13 @@ def _paths(result: ListResult) -> list[str]:
 def test_list_flat_and_recursive(tmp_path: Path) -> None:
     _tree(tmp_path)
     ctx = LocalContext()
-    flat = run(CAP.list(ListParams(path=str(tmp_path)), ctx))
+    flat = run(CAP.files_list(ListParams(path=str(tmp_path)), ctx))
     assert _paths(flat) == [".hidden", "a.txt", "b", "c-loop"]
     assert not flat.truncated
     kinds = {entry.path: (entry.type, entry.size) for entry in flat.entries}
     assert kinds["a.txt"] == ("file", 1)
     assert kinds["b"][0] == "dir" and kinds["c-loop"][0] == "symlink"
-    deep = run(CAP.list(ListParams(path=str(tmp_path), recursive=True), ctx))
+    deep = run(CAP.files_list(ListParams(path=str(tmp_path), recursive=True), ctx))
     assert _paths(deep) == [
         ".hidden",
         ".hidden/secret",
@@ -765,7 +794,7 @@ def test_list_flat_and_recursive(tmp_path: Path) -> None:
         "c-loop",
     ]
     visible = run(
-        CAP.list(ListParams(path=str(tmp_path), recursive=True, include_hidden=False), ctx)
+        CAP.files_list(ListParams(path=str(tmp_path), recursive=True, include_hidden=False), ctx)
     )
     assert _paths(visible) == ["a.txt", "b", "b/deep", "b/deep/leaf", "b/inner.txt", "c-loop"]
 
@@ -773,26 +802,26 @@ def test_list_flat_and_recursive(tmp_path: Path) -> None:
 def test_list_limit_and_truncation(tmp_path: Path) -> None:
     _tree(tmp_path)
     ctx = LocalContext()
-    cut = run(CAP.list(ListParams(path=str(tmp_path), recursive=True, limit=3), ctx))
+    cut = run(CAP.files_list(ListParams(path=str(tmp_path), recursive=True, limit=3), ctx))
     assert _paths(cut) == [".hidden", ".hidden/secret", "a.txt"] and cut.truncated
-    exact = run(CAP.list(ListParams(path=str(tmp_path), recursive=True, limit=8), ctx))
+    exact = run(CAP.files_list(ListParams(path=str(tmp_path), recursive=True, limit=8), ctx))
     assert len(exact.entries) == 8 and not exact.truncated
     capped = FilesCapability(Config(limits=Limits(max_list_entries=2)))
-    clamped = run(capped.list(ListParams(path=str(tmp_path), limit=1000), ctx))
+    clamped = run(capped.files_list(ListParams(path=str(tmp_path), limit=1000), ctx))
     assert len(clamped.entries) == 2 and clamped.truncated
-    default = run(capped.list(ListParams(path=str(tmp_path)), ctx))
+    default = run(capped.files_list(ListParams(path=str(tmp_path)), ctx))
     assert len(default.entries) == 2 and default.truncated
-    nothing = run(CAP.list(ListParams(path=str(tmp_path), limit=0), ctx))
+    nothing = run(CAP.files_list(ListParams(path=str(tmp_path), limit=0), ctx))
     assert nothing.entries == [] and nothing.truncated
 
 
 def test_list_stays_within_one_reply_frame(tmp_path: Path) -> None:
     for index in range(1500):
         (tmp_path / f"{index:04d}-{'x' * 40}").write_bytes(b"")
-    small = run(CAP.list(ListParams(path=str(tmp_path)), LocalContext(max_chunk=64 * 1024)))
+    small = run(CAP.files_list(ListParams(path=str(tmp_path)), LocalContext(max_chunk=64 * 1024)))
     assert small.truncated and 0 < len(small.entries) < 1500
     assert len(msgspec.msgpack.encode(small)) <= 64 * 1024
-    large = run(CAP.list(ListParams(path=str(tmp_path)), LocalContext(max_chunk=16 * MiB)))
+    large = run(CAP.files_list(ListParams(path=str(tmp_path)), LocalContext(max_chunk=16 * MiB)))
     assert not large.truncated and len(large.entries) == 1500
 
 
@@ -800,12 +829,12 @@ def test_list_skips_undecodable_names_and_reports_errors(tmp_path: Path) -> None
     (tmp_path / "ok").write_bytes(b"")
     with open(os.path.join(os.fsencode(tmp_path), b"bad-\xff"), "wb"):
         pass
-    result = run(CAP.list(ListParams(path=str(tmp_path)), LocalContext()))
+    result = run(CAP.files_list(ListParams(path=str(tmp_path)), LocalContext()))
     assert _paths(result) == ["ok"] and result.skipped == 1
     msgspec.msgpack.encode(result)
     ctx = LocalContext()
-    fails(NotADirectory, CAP.list(ListParams(path=str(tmp_path / "ok")), ctx))
-    fails(NotFound, CAP.list(ListParams(path=str(tmp_path / "missing")), ctx))
+    fails(NotADirectory, CAP.files_list(ListParams(path=str(tmp_path / "ok")), ctx))
+    fails(NotFound, CAP.files_list(ListParams(path=str(tmp_path / "missing")), ctx))
 
 
 @pytest.mark.skipif(IS_ROOT, reason="root can read any directory")
@@ -814,7 +843,7 @@ def test_list_names_unreadable_subdirectories(tmp_path: Path) -> None:
     (tmp_path / "locked" / "inside").write_bytes(b"")
     (tmp_path / "locked").chmod(0)
     try:
-        result = run(CAP.list(ListParams(path=str(tmp_path), recursive=True), LocalContext()))
+        result = run(CAP.files_list(ListParams(path=str(tmp_path), recursive=True), LocalContext()))
     finally:
         (tmp_path / "locked").chmod(0o700)
     assert _paths(result) == ["locked"] and result.unreadable == ["locked"]
@@ -826,18 +855,20 @@ def test_list_names_unreadable_subdirectories(tmp_path: Path) -> None:
 def test_mkdir(tmp_path: Path) -> None:
     ctx = LocalContext()
     nested = tmp_path / "x" / "y" / "z"
-    assert run(CAP.mkdir(MkdirParams(path=str(nested)), ctx)).created
+    assert run(CAP.files_mkdir(MkdirParams(path=str(nested)), ctx)).created
     assert nested.is_dir()
-    assert not run(CAP.mkdir(MkdirParams(path=str(nested)), ctx)).created
-    fails(AlreadyExists, CAP.mkdir(MkdirParams(path=str(nested), exist_ok=False), ctx))
+    assert not run(CAP.files_mkdir(MkdirParams(path=str(nested)), ctx)).created
+    fails(AlreadyExists, CAP.files_mkdir(MkdirParams(path=str(nested), exist_ok=False), ctx))
     orphan = tmp_path / "no" / "parent"
-    fails(NotFound, CAP.mkdir(MkdirParams(path=str(orphan), parents=False), ctx))
+    fails(NotFound, CAP.files_mkdir(MkdirParams(path=str(orphan), parents=False), ctx))
     exact = tmp_path / "exact"
-    assert run(CAP.mkdir(MkdirParams(path=str(exact), mode=0o2750, parents=False), ctx)).created
+    assert run(
+        CAP.files_mkdir(MkdirParams(path=str(exact), mode=0o2750, parents=False), ctx)
+    ).created
     assert stat.S_IMODE(exact.stat().st_mode) == 0o2750
     (tmp_path / "file").write_bytes(b"")
-    fails(AlreadyExists, CAP.mkdir(MkdirParams(path=str(tmp_path / "file")), ctx))
-    fails(NotADirectory, CAP.mkdir(MkdirParams(path=str(tmp_path / "file" / "sub")), ctx))
+    fails(AlreadyExists, CAP.files_mkdir(MkdirParams(path=str(tmp_path / "file")), ctx))
+    fails(NotADirectory, CAP.files_mkdir(MkdirParams(path=str(tmp_path / "file" / "sub")), ctx))
 
 
 # -- files.remove --------------------------------------------------------------------
@@ -846,27 +877,27 @@ def test_mkdir(tmp_path: Path) -> None:
 def test_remove(tmp_path: Path) -> None:
     ctx = LocalContext()
     (tmp_path / "f").write_bytes(b"")
-    assert run(CAP.remove(RemoveParams(path=str(tmp_path / "f")), ctx)).removed
+    assert run(CAP.files_remove(RemoveParams(path=str(tmp_path / "f")), ctx)).removed
     assert not (tmp_path / "f").exists()
-    fails(NotFound, CAP.remove(RemoveParams(path=str(tmp_path / "f")), ctx))
-    gone = run(CAP.remove(RemoveParams(path=str(tmp_path / "f"), missing_ok=True), ctx))
+    fails(NotFound, CAP.files_remove(RemoveParams(path=str(tmp_path / "f")), ctx))
+    gone = run(CAP.files_remove(RemoveParams(path=str(tmp_path / "f"), missing_ok=True), ctx))
     assert not gone.removed
     (tmp_path / "empty").mkdir()
-    assert run(CAP.remove(RemoveParams(path=str(tmp_path / "empty")), ctx)).removed
+    assert run(CAP.files_remove(RemoveParams(path=str(tmp_path / "empty")), ctx)).removed
     full = tmp_path / "full"
     (full / "sub").mkdir(parents=True)
     (full / "sub" / "x").write_bytes(b"")
-    error = fails(NotEmpty, CAP.remove(RemoveParams(path=str(full)), ctx))
+    error = fails(NotEmpty, CAP.files_remove(RemoveParams(path=str(full)), ctx))
     assert error.code == ErrorCode.NOT_EMPTY
     assert full.is_dir()
     link = tmp_path / "link"
     link.symlink_to(full)
-    assert run(CAP.remove(RemoveParams(path=str(link)), ctx)).removed
+    assert run(CAP.files_remove(RemoveParams(path=str(link)), ctx)).removed
     assert not link.is_symlink() and (full / "sub" / "x").exists()
-    assert run(CAP.remove(RemoveParams(path=str(full), recursive=True), ctx)).removed
+    assert run(CAP.files_remove(RemoveParams(path=str(full), recursive=True), ctx)).removed
     assert not full.exists()
     for root in ("/", "//", "/tmp/.."):
-        fails(InvalidPath, CAP.remove(RemoveParams(path=root, recursive=True), ctx))
+        fails(InvalidPath, CAP.files_remove(RemoveParams(path=root, recursive=True), ctx))
 
 
 # -- files.move ----------------------------------------------------------------------
@@ -879,24 +910,24 @@ def test_move_within_filesystem(tmp_path: Path) -> None:
     src = tmp_path / "one" / "f"
     src.write_bytes(b"payload")
     dst = tmp_path / "two" / "g"
-    result = run(CAP.move(MoveParams(src=str(src), dst=str(dst)), ctx))
+    result = run(CAP.files_move(MoveParams(src=str(src), dst=str(dst)), ctx))
     assert not result.copied and dst.read_bytes() == b"payload" and not src.exists()
     other = tmp_path / "one" / "h"
     other.write_bytes(b"other")
     keep = MoveParams(src=str(other), dst=str(dst), overwrite=False)
-    fails(AlreadyExists, CAP.move(keep, ctx))
+    fails(AlreadyExists, CAP.files_move(keep, ctx))
     assert dst.read_bytes() == b"payload" and other.exists()
-    run(CAP.move(MoveParams(src=str(other), dst=str(dst)), ctx))
+    run(CAP.files_move(MoveParams(src=str(other), dst=str(dst)), ctx))
     assert dst.read_bytes() == b"other" and not other.exists()
     (tmp_path / "two" / "sub").mkdir()
     (tmp_path / "two" / "sub" / "x").write_bytes(b"")
     into_full = MoveParams(src=str(tmp_path / "one"), dst=str(tmp_path / "two"))
-    fails(NotEmpty, CAP.move(into_full, ctx))
+    fails(NotEmpty, CAP.files_move(into_full, ctx))
     file_over_dir = MoveParams(src=str(dst), dst=str(tmp_path / "two" / "sub"))
-    fails(IsADirectory, CAP.move(file_over_dir, ctx))
+    fails(IsADirectory, CAP.files_move(file_over_dir, ctx))
     missing = MoveParams(src=str(tmp_path / "missing"), dst=str(tmp_path / "z"))
-    fails(NotFound, CAP.move(missing, ctx))
-    run(CAP.move(MoveParams(src=str(tmp_path / "one"), dst=str(tmp_path / "three")), ctx))
+    fails(NotFound, CAP.files_move(missing, ctx))
+    run(CAP.files_move(MoveParams(src=str(tmp_path / "one"), dst=str(tmp_path / "three")), ctx))
     assert (tmp_path / "three").is_dir() and not (tmp_path / "one").exists()
 
 
@@ -927,7 +958,7 @@ def test_move_across_filesystems(tmp_path: Path) -> None:
         src.chmod(0o640)
         os.utime(src, ns=(1_000_000_000, 2_000_000_000))
         dst = far / "file.bin"
-        result = run(CAP.move(MoveParams(src=str(src), dst=str(dst)), ctx))
+        result = run(CAP.files_move(MoveParams(src=str(src), dst=str(dst)), ctx))
         assert result.copied and not src.exists()
         assert dst.read_bytes() == content
         assert stat.S_IMODE(dst.stat().st_mode) == 0o640
@@ -940,7 +971,7 @@ def test_move_across_filesystems(tmp_path: Path) -> None:
         (tree / "link").symlink_to("sub/leaf")
         (tree / "sub").chmod(0o750)
         moved = far / "tree"
-        assert run(CAP.move(MoveParams(src=str(tree), dst=str(moved)), ctx)).copied
+        assert run(CAP.files_move(MoveParams(src=str(tree), dst=str(moved)), ctx)).copied
         assert not tree.exists()
         assert (moved / "sub" / "leaf").read_bytes() == b"leaf"
         assert (moved / "top").read_bytes() == b"top"
@@ -950,14 +981,14 @@ def test_move_across_filesystems(tmp_path: Path) -> None:
         back = tmp_path / "again"
         back.write_bytes(b"new")
         refused = MoveParams(src=str(back), dst=str(dst), overwrite=False)
-        fails(AlreadyExists, CAP.move(refused, ctx))
+        fails(AlreadyExists, CAP.files_move(refused, ctx))
         assert dst.read_bytes() == content and back.exists()
-        run(CAP.move(MoveParams(src=str(back), dst=str(dst)), ctx))
+        run(CAP.files_move(MoveParams(src=str(back), dst=str(dst)), ctx))
         assert dst.read_bytes() == b"new" and not back.exists()
 
         os.mkfifo(tmp_path / "fifo")
         fifo_move = MoveParams(src=str(tmp_path / "fifo"), dst=str(far / "fifo"))
-        error = fails(CrossDevice, CAP.move(fifo_move, ctx))
+        error = fails(CrossDevice, CAP.files_move(fifo_move, ctx))
         assert error.code == ErrorCode.CROSS_DEVICE
         assert (tmp_path / "fifo").exists()
         assert sorted(os.listdir(far)) == ["file.bin", "tree"]
@@ -970,7 +1001,7 @@ def test_move_across_filesystems_without_space_keeps_source(tmp_path: Path) -> N
     src.write_bytes(b"b" * (2 * MiB))
     with tmpfs("1m") as far:
         error = fails(
-            NoSpace, CAP.move(MoveParams(src=str(src), dst=str(far / "big")), LocalContext())
+            NoSpace, CAP.files_move(MoveParams(src=str(src), dst=str(far / "big")), LocalContext())
         )
         assert error.code == ErrorCode.NO_SPACE
         assert os.listdir(far) == []
@@ -984,9 +1015,9 @@ def test_chmod(tmp_path: Path) -> None:
     target = tmp_path / "f"
     target.write_bytes(b"")
     ctx = LocalContext()
-    assert run(CAP.chmod(ChmodParams(path=str(target), mode=0o4711), ctx)).mode == 0o4711
+    assert run(CAP.files_chmod(ChmodParams(path=str(target), mode=0o4711), ctx)).mode == 0o4711
     assert stat.S_IMODE(target.stat().st_mode) == 0o4711
-    fails(NotFound, CAP.chmod(ChmodParams(path=str(tmp_path / "nope"), mode=0o600), ctx))
+    fails(NotFound, CAP.files_chmod(ChmodParams(path=str(tmp_path / "nope"), mode=0o600), ctx))
 
 
 def test_sha256(tmp_path: Path) -> None:
@@ -994,21 +1025,21 @@ def test_sha256(tmp_path: Path) -> None:
     target = tmp_path / "h.bin"
     target.write_bytes(content)
     ctx = LocalContext()
-    result = run(CAP.sha256(Sha256Params(path=str(target)), ctx))
+    result = run(CAP.files_sha256(Sha256Params(path=str(target)), ctx))
     assert (result.sha256, result.size) == (sha(content), len(content))
     (tmp_path / "empty").write_bytes(b"")
-    empty = run(CAP.sha256(Sha256Params(path=str(tmp_path / "empty")), ctx))
+    empty = run(CAP.files_sha256(Sha256Params(path=str(tmp_path / "empty")), ctx))
     assert (empty.sha256, empty.size) == (sha(b""), 0)
-    fails(IsADirectory, CAP.sha256(Sha256Params(path=str(tmp_path)), ctx))
-    fails(NotFound, CAP.sha256(Sha256Params(path=str(tmp_path / "nope")), ctx))
+    fails(IsADirectory, CAP.files_sha256(Sha256Params(path=str(tmp_path)), ctx))
+    fails(NotFound, CAP.files_sha256(Sha256Params(path=str(tmp_path / "nope")), ctx))
 
 
 def test_checksum_is_only_computed_on_request(tmp_path: Path) -> None:
     target = tmp_path / "plain.txt"
     target.write_bytes(b"abc")
-    result = run(CAP.read(ReadParams(path=str(target)), LocalContext()))
+    result = run(CAP.files_read(ReadParams(path=str(target)), LocalContext()))
     assert result.sha256 is None
     assert result.data == b"abc"
-    written = run(CAP.write(WriteParams(path=str(target), data=b"xyz"), LocalContext()))
+    written = run(CAP.files_write(WriteParams(path=str(target), data=b"xyz"), LocalContext()))
     assert written.sha256 is None
     assert target.read_bytes() == b"xyz"
