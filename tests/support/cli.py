@@ -75,16 +75,29 @@ def one_line(stderr: str, command: str) -> str:
 
 
 def read_until(stream: IO[str], pattern: str, deadline: float) -> str:
-    """Lines from ``stream`` up to and including the first matching ``pattern`` (a regex)."""
+    """Lines from ``stream`` up to and including the first matching ``pattern`` (a regex).
+
+    Reads the descriptor a byte at a time, so nothing past that line is taken
+    into the stream's buffer: ``Popen.communicate()`` reads the descriptor
+    itself afterwards and would never see bytes a buffered ``readline`` had
+    read ahead.
+    """
+    fd = stream.fileno()
     seen: list[str] = []
+    line = bytearray()
     while time.monotonic() < deadline:
-        line = stream.readline()
-        if not line:
+        byte = os.read(fd, 1)
+        if not byte:
             break
-        seen.append(line)
-        if re.search(pattern, line):
+        line += byte
+        if byte != b"\n":
+            continue
+        text = line.decode(errors="replace")
+        line.clear()
+        seen.append(text)
+        if re.search(pattern, text):
             return "".join(seen)
-    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}{line.decode()}")
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
