@@ -101,6 +101,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-frame", type=int, default=_DEFAULTS.max_frame)
     parser.add_argument("--output-cap", type=int, default=_DEFAULTS.output_cap)
     parser.add_argument(
+        "--request-grace",
+        type=float,
+        default=_DEFAULTS.request_grace,
+        help="seconds a call with a request id keeps running after its connection is lost",
+    )
+    parser.add_argument(
+        "--request-retention",
+        type=int,
+        default=_DEFAULTS.request_retention,
+        help="finished calls whose outcome is kept for a reattach (oldest evicted first)",
+    )
+    parser.add_argument(
+        "--request-retention-bytes",
+        type=int,
+        default=_DEFAULTS.request_retention_bytes,
+        help="bytes of kept outcomes (results and unread output) over all finished calls",
+    )
+    parser.add_argument(
         "--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}"
     )
     return parser
@@ -151,6 +169,9 @@ def _config(args: argparse.Namespace) -> Config:
         max_processes=args.max_processes,
         max_frame=args.max_frame,
         output_cap=args.output_cap,
+        request_grace=args.request_grace,
+        request_retention=args.request_retention,
+        request_retention_bytes=args.request_retention_bytes,
     )
     return Config(
         host=args.host,

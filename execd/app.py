@@ -22,6 +22,7 @@ from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method
 from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
+from execd.requests import RequestTable
 from execd.server import Server
 from protocol import limits
 from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
@@ -89,12 +90,15 @@ class Execd:
         )
         self.capabilities = build_capabilities(config, base_env)
         self.methods: dict[str, Method] = {}
+        self.requests = RequestTable(config.limits)
+        for method in self.requests.methods():
+            self._register(method)
         for capability in self.capabilities:
             for method in capability.methods():
                 self._register(method)
         for method in self._core_methods():
             self._register(method)
-        self.server = Server(config, token, self.methods)
+        self.server = Server(config, token, self.methods, self.requests)
         self._closed = False
 
     def _register(self, method: Method) -> None:

@@ -33,6 +33,9 @@ class Limits:
     watch_queue: int = 4096
     max_services: int = 64
     max_sessions: int = 64
+    request_grace: float = 30.0
+    request_retention: int = 4096
+    request_retention_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

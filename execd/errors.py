@@ -293,6 +293,19 @@ class SessionDead(ExecdError):
     code = ErrorCode.SESSION_DEAD
 
 
+# -- request ids ----------------------------------------------------------------
+
+
+class RequestNotKnown(ExecdError):
+    """execd does not know the request id: never seen (or execd restarted), or evicted.
+
+    ``data`` says which (``{"reason": "unknown" | "evicted", "rid": <hex>}``);
+    either way the call it names will not run again.
+    """
+
+    code = ErrorCode.REQUEST_NOT_KNOWN
+
+
 _ERRNO_MAP: dict[int, type[FileError]] = {
     errno.ENOENT: NotFound,
     errno.EISDIR: IsADirectory,

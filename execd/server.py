@@ -54,6 +54,7 @@ from execd.config import Config
 from execd.context import ConnectionLost, Method
 from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
 from execd.memory import Trimmer
+from execd.requests import RequestTable
 from protocol import limits
 from protocol.bridge import FramedProtocol, TransportClosed
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
@@ -171,8 +172,11 @@ class ServerProtocol(FramedProtocol):
     def handle_closed(self, reason: BaseException | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        for task in self._tasks.values():
-            task.cancel()
+        # Calls with a request id live on for their grace period (execd.requests).
+        survivors = self.server.requests.connection_closed(self.connection_id)
+        for call_id, task in self._tasks.items():
+            if call_id not in survivors:
+                task.cancel()
         self._tasks.clear()
         callbacks, self._close_callbacks = self._close_callbacks, []
         self.server.release(self)
@@ -241,6 +245,8 @@ class ServerProtocol(FramedProtocol):
                 )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
+        if call.rid is not None:
+            method = self.server.requests.wrap(call.rid, method)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         self._tasks[call.id] = self._loop.create_task(
             self._run(call.id, method, params), name=method.name
@@ -333,10 +339,18 @@ class ServerProtocol(FramedProtocol):
 class Server:
     """The listening side of execd: admission limits, the lease, the dispatch table."""
 
-    def __init__(self, config: Config, token: bytes, methods: dict[str, Method]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        token: bytes,
+        methods: dict[str, Method],
+        requests: RequestTable | None = None,
+    ) -> None:
         self.config = config
         self.token = token
         self.methods = methods
+        self.requests = requests if requests is not None else RequestTable(config.limits)
+        self.requests.abort_connection = self.abort_connection
         self.pid = os.getpid()
         # Insertion-ordered: the oldest unauthenticated connection comes first.
         self._unauthenticated: dict[ServerProtocol, None] = {}
@@ -427,6 +441,13 @@ class Server:
             if not self._authenticated:
                 self._lease_since = time.monotonic()
 
+    def abort_connection(self, connection_id: int) -> None:
+        """Close an authenticated connection by its id (a reattach has superseded it)."""
+        for proto in list(self._authenticated):
+            if proto.connection_id == connection_id:
+                log.info("connection %d: superseded by a reattach; closing it", connection_id)
+                proto.abort(None, code=ErrorCode.GOING_AWAY)
+
     @property
     def connection_count(self) -> int:
         return len(self._unauthenticated) + len(self._authenticated)
@@ -476,5 +497,6 @@ class Server:
             self._server.close()
         for proto in [*self._unauthenticated, *self._authenticated]:
             proto.abort(None, code=ErrorCode.GOING_AWAY)
+        self.requests.close()
         if self._background:
             await asyncio.wait(list(self._background), timeout=10)

@@ -644,6 +644,7 @@ def connect(
     keepalive: float | None = 2.0,
     max_frame: int = limits.DEFAULT_MAX_FRAME,
     window: int = limits.DEFAULT_STREAM_WINDOW,
+    reattach_within: float = 0.0,
 ) -> Opening[ExecdClient]:
     """Connect to execd at ``host:port``, authenticate with ``token``, return the client.
 
@@ -654,7 +655,10 @@ def connect(
     the content of a token file can be passed as read. ``encrypt``: False for
     plaintext frames (loopback), True to require authenticated encryption, or
     a cipher name. ``keepalive``: seconds between pings; a connection silent
-    for three intervals fails with ConnectionLost.
+    for three intervals fails with ConnectionLost. ``reattach_within``: seconds
+    the calls in flight on a lost connection wait for another client to
+    reattach them (:mod:`harnessd.reattach`; 0, the default: they fail with
+    ConnectionLost at once).
 
     Raises ValueError at once for an empty or overlong token; then
     ConnectFailed, AuthenticationFailed or HandshakeFailed.
@@ -671,6 +675,6 @@ def connect(
             max_frame=max_frame,
             window=window,
         )
-        return ExecdClient(proto, info, keepalive)
+        return ExecdClient(proto, info, keepalive, reattach_within=reattach_within)
 
     return Opening(open_client, ExecdClient.close)

@@ -24,12 +24,13 @@ import collections
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar, overload
 
 import msgspec
 
 from harnessd import keepalive as keepalive_group
+from harnessd import reattach as reattaching
 from harnessd.errors import (
     AuthenticationFailed,
     ConnectFailed,
@@ -40,12 +41,13 @@ from harnessd.errors import (
     remote_error,
 )
 from protocol import limits
+from protocol.api import requests as requests_api
 from protocol.bridge import FramedProtocol, InboundStream, TransportClosed
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
-from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
+from protocol.messages import Abort, Call, Cancel, Chunk, Error, Event, Pong, Reply
 
 T = TypeVar("T")
 
@@ -79,11 +81,28 @@ class ClientProtocol(FramedProtocol):
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
         self.lost: BaseException | None = None
+        # Request ids of the calls in flight that carry one (harnessd.reattach), the
+        # bytes received per stream of those calls, and where an attach call's streams
+        # start; the orphans made of them when the connection was lost.
+        self.rids: dict[int, bytes] = {}
+        self.received: dict[int, dict[str, int]] = {}
+        self.bases: dict[int, dict[str, int]] = {}
+        self.orphans: dict[int, reattaching.Orphan] = {}
+        #: Takes the orphans of a lost connection; None: calls in flight fail with it.
+        self.on_orphans: Callable[[list[reattaching.Orphan]], None] | None = None
+        #: Closed on purpose (``Client.close``): nothing is orphaned.
+        self.deliberate = False
 
     def handle_event(self, event: ConnectionEvent) -> None:
         if isinstance(event, Reply | Error):
             future = self.pending.pop(event.id, None)
             self.drop_streams(event.id)
+            if self.rids:
+                self.rids.pop(event.id, None)
+                if self.received:
+                    self.received.pop(event.id, None)
+                if self.bases:
+                    self.bases.pop(event.id, None)
             if future is not None and not future.done():
                 future.set_result(event)
         elif isinstance(event, Event):
@@ -115,6 +134,16 @@ class ClientProtocol(FramedProtocol):
             self.abort(reason)
         elif isinstance(event, Pong):
             pass
+
+    def _on_chunk(self, chunk: Chunk) -> None:
+        if chunk.id in self.rids:
+            counts = self.received.setdefault(chunk.id, {})
+            counts[chunk.stream] = counts.get(chunk.stream, 0) + len(chunk.data)
+        super()._on_chunk(chunk)
+
+    def stream_names(self, call_id: int) -> list[str]:
+        """Names of the inbound streams of a call that have a buffer here."""
+        return [name for (owner, name) in self._inbound if owner == call_id]
 
     def _keep_early(self, event: Event) -> None:
         self.early_events.setdefault(event.topic, []).append(event)
@@ -156,6 +185,9 @@ class ClientProtocol(FramedProtocol):
         if not self.ready.done():
             self.ready.set_exception(failure)
             self.ready.exception()  # mark retrieved; connect() re-raises it
+        orphans: list[reattaching.Orphan] = []
+        if self.on_orphans is not None and self.rids and not self.deliberate:
+            orphans = reattaching.orphan_calls(self)
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(failure)
@@ -163,6 +195,8 @@ class ClientProtocol(FramedProtocol):
         self.pending.clear()
         for queue in self.subscriptions.values():
             queue.put_nowait(None)
+        if orphans and self.on_orphans is not None:
+            self.on_orphans(orphans)
 
 
 class CallHandle:
@@ -179,7 +213,8 @@ class CallHandle:
         The stream's buffer is bound now rather than at the first iteration:
         a reply that ends the call before iteration starts must not drop it.
         """
-        return self._client._iter_stream(self._client._proto.inbound(self.id, name))
+        proto = self._client._proto
+        return self._client._iter_stream(proto, self.id, name, proto.inbound(self.id, name))
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
@@ -214,9 +249,25 @@ class CallHandle:
 class Client:
     """An authenticated connection to one execd."""
 
-    def __init__(self, proto: ClientProtocol, info: HandshakeComplete, keepalive: float | None):
+    def __init__(
+        self,
+        proto: ClientProtocol,
+        info: HandshakeComplete,
+        keepalive: float | None,
+        *,
+        reattach_within: float = 0.0,
+    ):
         self._proto = proto
         self.info = info
+        #: Give every call a request id (harnessd.reattach); False sends none.
+        self.request_ids = True
+        #: Seconds a call in flight on a lost connection waits to be reattached (0: it fails).
+        self.reattach_within = reattach_within
+        #: Runs when the connection is lost with calls waiting to be reattached.
+        self.on_lost: Callable[[], None] | None = None
+        self._orphans: list[reattaching.Orphan] = []
+        if reattach_within > 0:
+            proto.on_orphans = self._orphaned
         self._ids = itertools.count(1)
         self._keepalive_interval = keepalive or 0.0
         self._pings = 0
@@ -282,10 +333,50 @@ class Client:
     def unsubscribe(self, topic: int) -> None:
         self._proto.subscriptions.pop(topic, None)
 
+    def reattach(self, rid: bytes, offsets: dict[str, int] | None = None) -> CallHandle:
+        """Attach to the call with request id ``rid`` (see :mod:`harnessd.reattach`).
+
+        The handle's streams carry the call's output from ``offsets`` (bytes
+        already held, per stream) on, and its result is the call's. Raises (on
+        ``result()``) RequestNotKnown when execd does not know the id.
+        """
+        params = requests_api.AttachParams(rid=rid, offsets=dict(offsets or {}))
+        call_id, future = self._send_call(requests_api.ATTACH, params, rid=rid)
+        self._proto.bases[call_id] = dict(offsets or {})
+        return CallHandle(self, call_id, future)
+
+    def take_orphans(self) -> list[reattaching.Orphan]:
+        """The calls of a lost connection still waiting to be reattached (handed over once)."""
+        orphans = [o for o in self._orphans if not (o.future.done() or o.moved.done())]
+        self._orphans.clear()
+        return orphans
+
+    def adopt(self, orphans: list[reattaching.Orphan]) -> None:
+        """Reattach calls another client lost on this client's connection."""
+        reattaching.adopt(self, orphans)
+
+    async def release(self) -> list[reattaching.Orphan]:
+        """Close this connection for a new one: its calls in flight become orphans to adopt."""
+        if not self._proto.closed:
+            self._proto.abort(ConnectionLost("replaced by a new connection"))
+        orphans = self.take_orphans()
+        await self.close()
+        return orphans
+
+    def _orphaned(self, orphans: list[reattaching.Orphan]) -> None:
+        self._orphans.extend(orphans)
+        failure = self._proto.lost or ConnectionLost("connection to execd lost")
+        self._proto.loop.call_later(self.reattach_within, _expire, orphans, failure)
+        if self.on_lost is not None:
+            self.on_lost()
+
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
         if self._keepalive is not None:
             self._keepalive.leave()
+        self._proto.deliberate = True
+        for orphan in self.take_orphans():
+            orphan.fail(ConnectionLost("client closed the connection"))
         if not self._proto.closed:
             self._proto.abort(
                 ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
@@ -299,16 +390,29 @@ class Client:
 
     # -- internals -------------------------------------------------------------
 
-    def _send_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Reply | Error]]:
-        """Frame and send a Call; return its id and the future of its answer."""
+    def _send_call(
+        self, method: str, params: Any, rid: bytes | None = None
+    ) -> tuple[int, asyncio.Future[Reply | Error]]:
+        """Frame and send a Call; return its id and the future of its answer.
+
+        ``rid``: the request id to track the call under; by default a fresh one
+        (none for methods that belong to their connection). It goes on the wire
+        unless the method is connection-scoped (an attach names its id in its params).
+        """
         proto = self._proto
         if proto.closed:
             raise proto.lost or ConnectionLost("connection to execd closed")
         call_id = next(self._ids)
         raw = _EMPTY_PARAMS if params is None else to_raw(params)
-        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
+        scoped = method in requests_api.CONNECTION_SCOPED
+        if rid is None and self.request_ids and not scoped:
+            rid = reattaching.new_request_id()
+        call = Call(id=call_id, method=method, params=raw, rid=None if scoped else rid)
+        frame = proto.conn.send(call)
         future: asyncio.Future[Reply | Error] = proto.loop.create_future()
         proto.pending[call_id] = future
+        if rid is not None:
+            proto.rids[call_id] = rid
         proto.write(frame)
         return call_id, future
 
@@ -329,13 +433,20 @@ class Client:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
 
-    async def _iter_stream(self, source: InboundStream) -> AsyncIterator[bytes]:
+    async def _iter_stream(
+        self, proto: ClientProtocol, call_id: int, name: str, source: InboundStream
+    ) -> AsyncIterator[bytes]:
         while True:
             try:
                 data = await source.read()
             except TransportClosed:
-                if self._proto.lost is not None:
-                    raise self._proto.lost from None
+                # A reattached call goes on where the bytes received so far end.
+                moved = await reattaching.follow(proto, call_id, name)
+                if moved is not None:
+                    proto, call_id, source = moved
+                    continue
+                if proto.lost is not None:
+                    raise proto.lost from None
                 return
             if data is None:
                 return
@@ -376,6 +487,12 @@ class Client:
         except Exception:  # a transport closing under the write: the next tick sees it
             return not proto.closed
         return True
+
+
+def _expire(orphans: list[reattaching.Orphan], failure: BaseException) -> None:
+    for orphan in orphans:
+        if not orphan.moved.done():
+            orphan.fail(failure)
 
 
 async def open_connection(

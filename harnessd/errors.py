@@ -346,6 +346,16 @@ class SessionDead(RemoteError):
     default_code = ErrorCode.SESSION_DEAD
 
 
+class RequestNotKnown(RemoteError):
+    """execd does not know the request id: never seen (or execd restarted), or evicted.
+
+    ``data`` says which (``{"reason": "unknown" | "evicted", "rid": <hex>}``);
+    either way the call it names will not run again.
+    """
+
+    default_code = ErrorCode.REQUEST_NOT_KNOWN
+
+
 __all__ += [
     "AlreadyAttached",
     "AlreadyExists",
@@ -375,6 +385,7 @@ __all__ += [
     "PermissionDenied",
     "ProcessLimit",
     "ReadOnly",
+    "RequestNotKnown",
     "ServiceError",
     "ServiceExists",
     "ServiceFailed",

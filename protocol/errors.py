@@ -105,6 +105,9 @@ class ErrorCode(IntEnum):
     SESSION_BUSY = 702
     SESSION_DEAD = 703
 
+    # -- request ids (calls that outlive their connection) --
+    REQUEST_NOT_KNOWN = 800
+
 
 class SplitexecError(Exception):
     """Base of every exception the splitexec packages define.

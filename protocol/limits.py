@@ -29,6 +29,8 @@ MAX_STREAM_WINDOW = 1024 * 1024 * 1024
 
 #: Nonce length each side contributes to the handshake.
 NONCE_SIZE = 32
+#: Bytes of a request id (random; PROTOCOL.md section 8.1).
+REQUEST_ID_SIZE = 16
 #: Length of an HMAC-SHA256 tag.
 MAC_SIZE = 32
 #: Length of the AEAD authentication tag appended to every encrypted body.

@@ -25,6 +25,9 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME)]
 Nonce = Annotated[bytes, msgspec.Meta(min_length=limits.NONCE_SIZE, max_length=limits.NONCE_SIZE)]
 Mac = Annotated[bytes, msgspec.Meta(min_length=limits.MAC_SIZE, max_length=limits.MAC_SIZE)]
 CipherName = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+RequestId = Annotated[
+    bytes, msgspec.Meta(min_length=limits.REQUEST_ID_SIZE, max_length=limits.REQUEST_ID_SIZE)
+]
 
 #: msgpack for an empty map and for nil: the defaults of Raw payloads.
 EMPTY_MAP: Final = msgspec.Raw(b"\x80")
@@ -82,11 +85,16 @@ class Welcome(Message, tag="welcome"):
 
 
 class Call(Message, tag="call"):
-    """Start a call. ``id`` is chosen by the caller and unique among its open calls."""
+    """Start a call. ``id`` is chosen by the caller and unique among its open calls.
+
+    ``rid``, when present, is the call's request id: 16 random bytes that name
+    the call beyond its connection (PROTOCOL.md section 8.1).
+    """
 
     id: CallId
     method: Name
     params: msgspec.Raw = EMPTY_MAP
+    rid: RequestId | None = None
 
 
 class Reply(Message, tag="reply"):

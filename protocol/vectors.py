@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 from protocol import limits
 from protocol.aead import FrameSealer
-from protocol.codec import ENCODER, encode_message
+from protocol.api.requests import ATTACH, AttachParams, NotKnown
+from protocol.codec import ENCODER, encode_message, to_raw
+from protocol.errors import ErrorCode
 from protocol.framing import encode_frame, frame_header
 from protocol.handshake import (
     Negotiated,
@@ -31,7 +33,7 @@ from protocol.handshake import (
     server_mac,
     transcript,
 )
-from protocol.messages import Auth, Challenge, Hello, Ping, Welcome
+from protocol.messages import Auth, Call, Challenge, Error, Hello, Message, Ping, Welcome
 
 #: Width, in hex digits, of one line of a wrapped value in the rendered spec.
 HEX_WIDTH = 64
@@ -233,10 +235,49 @@ def render(vectors: Sequence[HandshakeVector]) -> str:
     return "\n".join(out)
 
 
+#: The request id of the request-id vectors: the 16 bytes ``a0 a1 .. af``.
+VECTOR_RID = bytes(range(0xA0, 0xB0))
+
+
+def message_vectors() -> list[tuple[str, Message]]:
+    """The messages of section 8.1, each with the label the spec gives it."""
+    attach = AttachParams(rid=VECTOR_RID, offsets={"stdout": 5})
+    not_known = NotKnown(reason="unknown", rid=VECTOR_RID.hex())
+    return [
+        (
+            "call server.noop, id 7, with a request id",
+            Call(id=7, method="server.noop", rid=VECTOR_RID),
+        ),
+        (
+            "call request.attach, id 8, holding 5 bytes of stdout",
+            Call(id=8, method=ATTACH, params=to_raw(attach)),
+        ),
+        (
+            "error REQUEST_NOT_KNOWN answering call 8",
+            Error(
+                id=8,
+                code=int(ErrorCode.REQUEST_NOT_KNOWN),
+                message=f"request {VECTOR_RID.hex()} is not known",
+                data=to_raw(not_known),
+            ),
+        ),
+    ]
+
+
+def render_messages(messages: Sequence[tuple[str, Message]]) -> str:
+    """The spec's request-id block: each message's body (plaintext msgpack) in hex."""
+    out = ["```hex"]
+    for label, message in messages:
+        out.extend(_hex_lines(label, encode_message(message)))
+    out.extend(["```", ""])
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the vector blocks for PROTOCOL.md."""
     del argv
     sys.stdout.write(render(all_vectors()))
+    sys.stdout.write(render_messages(message_vectors()))
     return 0
 
 

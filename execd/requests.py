@@ -1,0 +1,473 @@
+"""Request ids: calls that survive a lost connection and run at most once.
+
+Theory of operation
+-------------------
+A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is run by
+:meth:`RequestTable.wrap`'s handler instead of its method's own: the wrapper
+registers a :class:`Request` under the id, runs the method's handler with a
+:class:`RequestContext` and records the outcome (the encoded result, or the
+error) before handing it back to the dispatcher as usual. Three things set a
+tracked call apart from any other:
+
+* **It does not belong to its connection.** The handler's task is the
+  dispatcher's task of the original call, but when that connection closes
+  the server asks :meth:`RequestTable.connection_closed` which of its tasks
+  to leave running. The request is then *unbound*: a grace timer starts
+  (``Limits.request_grace``), output goes on being produced into the
+  request's own buffers (up to ``Limits.output_cap`` more per stream, after
+  which the handler waits, as for a reader that grants no credit), and
+  ``on_close`` callbacks (which stop a connection's commands) wait for the
+  request's end. When the grace passes with nobody attached, the task is
+  cancelled as a lost connection would have cancelled it at once (a command
+  gets its group killed) and the outcome kept is ``CANCELLED`` with the
+  message ``cancelled: connection lost``.
+* **Its outcome outlives it.** Finished requests stay in a retention window
+  bounded by count (``Limits.request_retention``) and by bytes
+  (``Limits.request_retention_bytes``: encoded results plus kept output);
+  the oldest are evicted first, and their ids are remembered (four times the
+  count, 16 bytes each) so that a late attach hears "evicted" rather than
+  "unknown".
+* **It runs once.** A second call with a known id, or a ``request.attach``,
+  *attaches* to the request: the attaching call's streams carry the output
+  from the offsets the client holds, then its answer is the request's
+  outcome. A call whose id was evicted fails with REQUEST_NOT_KNOWN instead
+  of running.
+
+Output is retained per stream: everything produced while unbound, and while
+bound the last ``Limits.output_cap`` bytes -- at least the peer's window with
+the default windows, so at least every byte sent that the client may not
+have consumed (the sender cannot run further ahead of the reader than the
+credit it was granted). An attach that asks for older bytes fails with
+STREAM_ERROR before anything is sent. A per-stream lock orders a live send
+and the replay of an attach, so the attaching call sees the stream's bytes
+exactly once and in order.
+
+An attach while the request is still bound to another live connection means
+the client has given that connection up (a half-open TCP connection after a
+NAT timeout, say): that connection is closed, and the request moves.
+Attaching from the connection it is bound to is INVALID_PARAMS.
+
+Uploads are not replayed: a handler reading a client stream of a request
+whose connection is lost gets ConnectionLost, which fails the request with
+STREAM_ERROR (``files.write`` in atomic mode then leaves the target
+untouched).
+
+Every id is reachable only through an authenticated connection of this
+execd, which has one token; ids are 128-bit random, so a client cannot find
+another's request by guessing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+
+from execd.config import Limits
+from execd.context import CallContext, ConnectionLost, Handler, Method
+from execd.errors import (
+    Cancelled,
+    ExecdError,
+    InternalError,
+    InvalidParams,
+    RequestNotKnown,
+    StreamError,
+)
+from protocol.api import requests as api
+from protocol.codec import ENCODER
+
+log = logging.getLogger("execd.requests")
+
+#: Evicted ids remembered per id of the retention count.
+EVICTED_MEMORY: Final = 4
+#: Bytes a kept outcome costs beyond its payload (the Request, its id, the table slots).
+ENTRY_OVERHEAD: Final = 512
+
+Outcome = msgspec.Raw | ExecdError
+Callback = Callable[[], Awaitable[None] | None]
+
+
+class _Output:
+    """The kept bytes of one output stream: ``[base, base + size)`` of everything produced."""
+
+    __slots__ = ("base", "chunks", "ended", "lock", "size")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.size = 0
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.ended = False
+        self.lock = asyncio.Lock()
+
+    def append(self, data: bytes) -> None:
+        if data:
+            piece = bytes(data)
+            self.chunks.append(piece)
+            self.size += len(piece)
+
+    def trim(self, keep: int) -> None:
+        """Drop the oldest whole chunks while at least ``keep`` bytes stay."""
+        chunks = self.chunks
+        while chunks and self.size - len(chunks[0]) >= keep:
+            dropped = chunks.popleft()
+            self.size -= len(dropped)
+            self.base += len(dropped)
+
+    def since(self, offset: int) -> bytes:
+        """The kept bytes from ``offset`` (at least ``base``) on."""
+        data = b"".join(self.chunks)
+        return data[max(0, offset - self.base) :]
+
+
+class Request:
+    """One call known by its request id, running or finished."""
+
+    __slots__ = (
+        "attached",
+        "call_id",
+        "callbacks",
+        "done",
+        "grace",
+        "lost",
+        "method",
+        "origin",
+        "outcome",
+        "rid",
+        "sink",
+        "size",
+        "streams",
+        "task",
+        "virtual_id",
+    )
+
+    def __init__(self, rid: bytes, method: str, origin: CallContext, virtual_id: int) -> None:
+        self.rid = rid
+        self.method = method
+        self.origin = origin
+        self.call_id = origin.call_id
+        self.virtual_id = virtual_id
+        self.sink: CallContext | None = origin
+        self.task: asyncio.Task[Any] | None = asyncio.current_task()
+        self.outcome: Outcome | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.attached: asyncio.Future[None] | None = None
+        self.streams: dict[str, _Output] = {}
+        self.grace: asyncio.TimerHandle | None = None
+        self.callbacks: list[Callback] = []
+        self.lost = False
+        self.size = 0
+
+    def output(self, stream: str) -> _Output:
+        out = self.streams.get(stream)
+        if out is None:
+            out = self.streams[stream] = _Output()
+        return out
+
+
+class RequestContext:
+    """The CallContext of a tracked call: output survives its connection."""
+
+    __slots__ = ("_req", "_table")
+
+    def __init__(self, req: Request, table: RequestTable) -> None:
+        self._req = req
+        self._table = table
+
+    @property
+    def call_id(self) -> int:
+        return self._req.call_id
+
+    @property
+    def connection_id(self) -> int:
+        # Its own: closing the connection it came on must not stop what it started.
+        return self._req.virtual_id
+
+    @property
+    def max_chunk(self) -> int:
+        sink = self._req.sink
+        return (sink or self._req.origin).max_chunk
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        req = self._req
+        out = req.output(stream)
+        while req.sink is None and out.size > self._table.detached_cap:
+            await self._table.wait_attached(req)
+        async with out.lock:
+            out.append(data)
+            out.ended = out.ended or end
+            sink = req.sink
+            if sink is None:
+                return
+            try:
+                await sink.send(stream, data, end=end)
+            except ConnectionLost:
+                return  # kept: an attach replays it
+            out.trim(self._table.keep)
+
+    async def receive(self, stream: str) -> AsyncIterator[bytes]:
+        # Uploads come on the original call only; a lost connection ends them.
+        async for data in self._req.origin.receive(stream):
+            yield data
+
+    async def push_event(self, topic: int, name: str, data: Any) -> None:
+        await self._req.origin.push_event(topic, name, data)
+
+    def on_close(self, callback: Callback) -> None:
+        self._req.callbacks.append(callback)
+
+
+class RequestTable:
+    """Every request id execd knows: running, kept, and recently evicted."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.grace = limits.request_grace
+        self.max_count = limits.request_retention
+        self.max_bytes = limits.request_retention_bytes
+        self.keep = limits.output_cap
+        self.detached_cap = 2 * limits.output_cap
+        self._running: dict[bytes, Request] = {}
+        self._finished: collections.OrderedDict[bytes, Request] = collections.OrderedDict()
+        self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # connection id -> call id -> request: where each request's answer goes, and
+        # which tasks of a closing connection are running requests.
+        self._bound: dict[int, dict[int, Request]] = {}
+        self._origins: dict[int, dict[int, Request]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._virtual_ids = iter(range(-1, -(2**62), -1))
+        self.kept_bytes = 0
+        self.evictions = 0
+        #: Closes a connection by its id (set by the server).
+        self.abort_connection: Callable[[int], None] = lambda _: None
+
+    # -- the dispatcher's hooks ------------------------------------------------------
+
+    def methods(self) -> list[Method]:
+        return [Method(api.ATTACH, api.AttachParams, self.request_attach)]
+
+    def wrap(self, rid: bytes, method: Method) -> Method:
+        """The method to run for a call of ``method`` carrying request id ``rid``."""
+        if method.name in api.CONNECTION_SCOPED:
+            return method
+        handler = functools.partial(self._run, rid, method.name, method.handler)
+        return Method(method.name, method.params, handler)
+
+    def connection_closed(self, connection_id: int) -> frozenset[int]:
+        """Unbind the requests of a closed connection; the call ids whose tasks live on."""
+        for req in self._bound.pop(connection_id, {}).values():
+            req.sink = None
+            if req.outcome is None and req.grace is None:
+                req.grace = asyncio.get_running_loop().call_later(self.grace, self._expire, req)
+        origins = self._origins.pop(connection_id, None)
+        return frozenset(origins) if origins else frozenset()
+
+    def close(self) -> None:
+        """execd is stopping: cancel every running request."""
+        for req in list(self._running.values()):
+            if req.grace is not None:
+                req.grace.cancel()
+            if req.task is not None:
+                req.task.cancel()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def kept(self) -> int:
+        return len(self._finished)
+
+    # -- running a tracked call --------------------------------------------------------
+
+    async def _run(self, rid: bytes, name: str, handler: Handler, params: Any, ctx: Any) -> Any:
+        req = self._running.get(rid) or self._finished.get(rid)
+        if req is not None:
+            return await self._attach(req, ctx, {})
+        if rid in self._evicted:
+            raise self._not_known(rid, "evicted")
+        req = Request(rid, name, ctx, next(self._virtual_ids))
+        self._running[rid] = req
+        self._bind(req, ctx)
+        self._origins.setdefault(ctx.connection_id, {})[ctx.call_id] = req
+        try:
+            result = await handler(params, RequestContext(req, self))
+            payload = msgspec.Raw(ENCODER.encode(result))
+        except asyncio.CancelledError:
+            message = "cancelled: connection lost" if req.lost else f"{name} was cancelled"
+            self._finish(req, Cancelled(message))
+            raise
+        except ExecdError as exc:
+            self._finish(req, exc)
+            raise
+        except ConnectionLost:
+            error: ExecdError = StreamError(
+                "the connection was lost while the call's upload was received"
+            )
+            self._finish(req, error)
+            raise error from None
+        except Exception:
+            log.exception("%s failed", name)
+            error = InternalError(f"internal error in {name}")
+            self._finish(req, error)
+            raise error from None
+        self._finish(req, payload)
+        return payload
+
+    def _finish(self, req: Request, outcome: Outcome) -> None:
+        req.outcome = outcome
+        req.task = None
+        self._unbind(req)
+        if req.grace is not None:
+            req.grace.cancel()
+            req.grace = None
+        self._running.pop(req.rid, None)
+        origins = self._origins.get(req.origin.connection_id)
+        if origins is not None and origins.get(req.call_id) is req:
+            del origins[req.call_id]
+            if not origins:
+                del self._origins[req.origin.connection_id]
+        if req.done is not None and not req.done.done():
+            req.done.set_result(None)
+        if req.callbacks:
+            self._spawn(_run_callbacks(req.callbacks))
+            req.callbacks = []
+        size = len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome)
+        req.size = ENTRY_OVERHEAD + size + sum(out.size for out in req.streams.values())
+        self._finished[req.rid] = req
+        self.kept_bytes += req.size
+        self._evict()
+
+    def _evict(self) -> None:
+        finished = self._finished
+        while finished and (len(finished) > self.max_count or self.kept_bytes > self.max_bytes):
+            rid, req = finished.popitem(last=False)
+            self.kept_bytes -= req.size
+            self.evictions += 1
+            self._evicted[rid] = None
+            if len(self._evicted) > EVICTED_MEMORY * self.max_count:
+                self._evicted.popitem(last=False)
+
+    def _expire(self, req: Request) -> None:
+        req.grace = None
+        if req.outcome is None and req.sink is None and req.task is not None:
+            log.info("%s: no reattach within %g s; cancelling it", req.method, self.grace)
+            req.lost = True
+            req.task.cancel()
+
+    # -- attaching ---------------------------------------------------------------------
+
+    async def request_attach(self, params: api.AttachParams, ctx: CallContext) -> Any:
+        """``request.attach``: the rest of a request's output, then its outcome."""
+        req = self._running.get(params.rid) or self._finished.get(params.rid)
+        if req is None:
+            reason: api.NotKnownReason = "evicted" if params.rid in self._evicted else "unknown"
+            raise self._not_known(params.rid, reason)
+        return await self._attach(req, ctx, params.offsets)
+
+    async def _attach(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> Any:
+        sink = req.sink
+        if sink is not None:
+            if sink.connection_id == ctx.connection_id:
+                raise InvalidParams("the request is in flight on this connection already")
+            # The client gave that connection up: close it, and the request moves here.
+            self.abort_connection(sink.connection_id)
+            self._unbind(req)
+        for name, offset in offsets.items():
+            out = req.streams.get(name)
+            if out is not None and offset < out.base:
+                raise StreamError(
+                    f"output of stream {name!r} before byte {out.base} is no longer kept",
+                    {"stream": name, "offset": offset, "kept_from": out.base},
+                )
+        try:
+            await self._replay(req, ctx, offsets)
+            if req.outcome is None:
+                if req.done is None:
+                    req.done = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait([req.done])
+                except asyncio.CancelledError:
+                    if req.sink is ctx and req.task is not None:
+                        req.task.cancel()  # this call was cancelled, not its connection lost
+                    raise
+        finally:
+            if req.sink is ctx:
+                self._unbind(req)
+        outcome = req.outcome
+        assert outcome is not None
+        if isinstance(outcome, ExecdError):
+            raise type(outcome)(outcome.message, outcome.data)
+        return outcome
+
+    async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
+        """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
+        outputs = sorted(req.streams.items())
+        for _, out in outputs:
+            await out.lock.acquire()
+        try:
+            self._bind(req, ctx)
+            for name, out in outputs:
+                data = out.since(offsets.get(name, 0))
+                if data or out.ended:
+                    await ctx.send(name, data, end=out.ended)
+        finally:
+            for _, out in outputs:
+                out.lock.release()
+
+    def _bind(self, req: Request, ctx: CallContext) -> None:
+        req.sink = ctx
+        self._bound.setdefault(ctx.connection_id, {})[ctx.call_id] = req
+        if req.grace is not None:
+            req.grace.cancel()
+            req.grace = None
+        waiter = req.attached
+        if waiter is not None:
+            req.attached = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _unbind(self, req: Request) -> None:
+        sink = req.sink
+        if sink is None:
+            return
+        bound = self._bound.get(sink.connection_id)
+        if bound is not None and bound.get(sink.call_id) is req:
+            del bound[sink.call_id]
+            if not bound:
+                del self._bound[sink.connection_id]
+        req.sink = None
+
+    async def wait_attached(self, req: Request) -> None:
+        """Wait until a client attaches to ``req`` (its output is at its cap meanwhile)."""
+        if req.attached is None:
+            req.attached = asyncio.get_running_loop().create_future()
+        await asyncio.wait([req.attached])
+
+    def _not_known(self, rid: bytes, reason: api.NotKnownReason) -> RequestNotKnown:
+        what = "was evicted from the retention window" if reason == "evicted" else "is not known"
+        return RequestNotKnown(
+            f"request {rid.hex()} {what}",
+            msgspec.to_builtins(api.NotKnown(reason=reason, rid=rid.hex())),
+        )
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        async def runner() -> None:
+            await coro
+
+        task = asyncio.get_running_loop().create_task(runner())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _run_callbacks(callbacks: list[Callback]) -> None:
+    for callback in callbacks:
+        try:
+            result = callback()
+            if result is not None:
+                await result
+        except Exception:
+            log.exception("a request's close callback failed")

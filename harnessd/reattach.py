@@ -1,0 +1,148 @@
+"""Calls that outlive their connection: the client's side of request ids.
+
+Theory of operation
+-------------------
+Every call the client sends carries a fresh 128-bit random request id
+(PROTOCOL.md section 8.1), except the few that belong to their connection
+(:data:`protocol.api.requests.CONNECTION_SCOPED`). execd keeps such a call
+running for a grace period when the connection is lost and keeps its outcome
+for a while once it has finished.
+
+When a client that allows reattaching (``reattach_within > 0``) loses its
+connection, its calls in flight that carry an id are not failed: each becomes
+an :class:`Orphan` that remembers the request id, the future the caller
+awaits, and how many bytes of each output stream it has received. Its
+``on_lost`` callback runs (a :class:`~harnessd.launcher.Session` reconnects
+from there). A new client then :func:`adopt`\\ s the orphans: for each it sends
+``request.attach`` with the id and the offsets, its answer settles the
+original future, and the stream iterators of the original call carry on with
+the attach call's streams, which start exactly where the received bytes end.
+An attach call is itself tracked under the same id, so a second loss
+orphans it again and a third connection picks it up. Orphans nobody adopts
+within ``reattach_within`` seconds fail with ConnectionLost.
+
+A call is never sent twice: execd answers an attach for an id it does not
+know with REQUEST_NOT_KNOWN (raised as :class:`~harnessd.errors.RequestNotKnown`)
+and the caller decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harnessd.errors import ConnectionLost
+from protocol import limits
+from protocol.api import requests as api
+from protocol.bridge import InboundStream
+from protocol.messages import Error, Reply
+
+if TYPE_CHECKING:
+    from harnessd.client import Client, ClientProtocol
+
+
+def new_request_id() -> bytes:
+    """A fresh request id: 128 random bits, so ids cannot be guessed across sessions."""
+    return os.urandom(limits.REQUEST_ID_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """Where an orphaned call goes on: its attach call and that call's stream buffers."""
+
+    proto: ClientProtocol
+    call_id: int
+    streams: dict[str, InboundStream]
+
+
+@dataclass(eq=False, slots=True)
+class Orphan:
+    """A call in flight whose connection was lost, waiting for a new connection."""
+
+    rid: bytes
+    future: asyncio.Future[Reply | Error]
+    offsets: dict[str, int]
+    streams: tuple[str, ...]
+    moved: asyncio.Future[Moved] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def fail(self, failure: BaseException) -> None:
+        """Nobody adopted it in time: the caller gets ``failure``."""
+        if not self.future.done():
+            self.future.set_exception(failure)
+            self.future.exception()
+        if not self.moved.done():
+            self.moved.set_exception(failure)
+            self.moved.exception()
+
+
+def orphan_calls(proto: ClientProtocol) -> list[Orphan]:
+    """The tracked calls in flight on a connection that was just lost, as orphans.
+
+    Their futures are taken out of ``proto.pending`` (they must not fail with
+    the connection); what is left there fails as before.
+    """
+    orphans: list[Orphan] = []
+    for call_id, rid in proto.rids.items():
+        future = proto.pending.pop(call_id, None)
+        if future is None or future.done():
+            continue
+        base = proto.bases.get(call_id, {})
+        received = proto.received.get(call_id, {})
+        names = set(base) | set(received) | set(proto.stream_names(call_id))
+        offsets = {name: base.get(name, 0) + received.get(name, 0) for name in names}
+        orphan = Orphan(rid=rid, future=future, offsets=offsets, streams=tuple(sorted(names)))
+        proto.orphans[call_id] = orphan
+        orphans.append(orphan)
+    proto.rids.clear()
+    return orphans
+
+
+def adopt(client: Client, orphans: list[Orphan]) -> None:
+    """Reattach ``orphans`` on ``client``'s connection (see the module docstring)."""
+    for orphan in orphans:
+        if orphan.future.done() or orphan.moved.done():
+            continue
+        params = api.AttachParams(rid=orphan.rid, offsets=dict(orphan.offsets))
+        try:
+            call_id, future = client._send_call(api.ATTACH, params, rid=orphan.rid)
+        except ConnectionLost as exc:
+            orphan.fail(exc)
+            continue
+        proto = client._proto
+        proto.bases[call_id] = dict(orphan.offsets)
+        # Bind the buffers now: the attach's answer may come before anyone reads them.
+        streams = {name: proto.inbound(call_id, name) for name in orphan.streams}
+        future.add_done_callback(functools.partial(_settle, orphan.future))
+        orphan.moved.set_result(Moved(proto, call_id, streams))
+
+
+def _settle(target: asyncio.Future[Reply | Error], done: asyncio.Future[Reply | Error]) -> None:
+    if target.done():
+        return
+    if done.cancelled():
+        target.cancel()
+    elif (exc := done.exception()) is not None:
+        target.set_exception(exc)
+        target.exception()
+    else:
+        target.set_result(done.result())
+
+
+async def follow(
+    proto: ClientProtocol, call_id: int, name: str
+) -> tuple[ClientProtocol, int, InboundStream] | None:
+    """Where stream ``name`` of a lost call continues; None when the call was not orphaned.
+
+    Raises ConnectionLost when nobody adopted the call in time.
+    """
+    orphan = proto.orphans.get(call_id)
+    if orphan is None:
+        return None
+    moved = await asyncio.shield(orphan.moved)
+    source = moved.streams.get(name) or moved.proto.inbound(moved.call_id, name)
+    return moved.proto, moved.call_id, source

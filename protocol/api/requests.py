@@ -1,0 +1,59 @@
+"""Schemas of request ids: calls that outlive their connection and run at most once.
+
+A ``call`` may carry a request id (``rid``, 16 random bytes; PROTOCOL.md
+section 8.1). execd then keeps the call running for a grace period when its
+connection is lost, keeps its outcome for a bounded retention window once it
+has finished, and never runs a second call with the same id. After
+reconnecting, a client asks for the outcome with ``request.attach``: it gets
+the rest of the call's output streams (from the offsets it already holds) and
+then the call's own reply or error, exactly as the original call would have
+had them; or ``REQUEST_NOT_KNOWN`` when execd does not know the id.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from protocol import limits
+
+ATTACH: Final = "request.attach"
+
+#: Methods whose calls belong to their connection and are never tracked by request id:
+#: a watch lives and dies with the connection that subscribed, and an attach is itself
+#: a way back to a request.
+CONNECTION_SCOPED: Final = frozenset({ATTACH, "watch.subscribe", "watch.unsubscribe"})
+
+#: Why an id is not known (``data.reason`` of REQUEST_NOT_KNOWN).
+NotKnownReason = Literal["unknown", "evicted"]
+
+RequestId = Annotated[
+    bytes, msgspec.Meta(min_length=limits.REQUEST_ID_SIZE, max_length=limits.REQUEST_ID_SIZE)
+]
+
+
+class AttachParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``request.attach``: the outcome of the call with request id ``rid``.
+
+    ``offsets`` maps each output stream name to the bytes of it the client
+    already holds; the attach call's streams carry the rest, from there.
+    """
+
+    rid: RequestId
+    offsets: Annotated[
+        dict[str, Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=8)
+    ] = msgspec.field(default_factory=dict)
+
+
+class NotKnown(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``data`` of a REQUEST_NOT_KNOWN error.
+
+    ``reason``: ``"evicted"`` when the outcome was dropped from the retention
+    window (oldest first) or its grace expired before anyone attached and it
+    was evicted since; ``"unknown"`` when this execd never saw the id (it never
+    arrived, or execd restarted since).
+    """
+
+    reason: NotKnownReason
+    rid: str

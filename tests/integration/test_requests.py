@@ -1,0 +1,243 @@
+"""Calls that survive a cut connection and run exactly once (request ids, PROTOCOL.md 8.1).
+
+Every test talks to a real execd through :class:`~tests.support.cut_proxy.CutProxy`,
+which cuts the TCP connection where the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import harnessd
+from harnessd.api import ExecdClient
+from protocol.messages import Reply
+from tests.conftest import eventually
+from tests.support.cut_proxy import CutProxy
+from tests.support.daemon import RunningExecd, start_execd
+
+pytestmark = pytest.mark.anyio
+
+SLOW_APPEND = "echo x >> {f}; sleep 2; echo done"
+
+
+@pytest.fixture
+async def proxy(execd: RunningExecd) -> AsyncIterator[CutProxy]:
+    cut = await CutProxy(execd.host, execd.port).start()
+    try:
+        yield cut
+    finally:
+        await cut.close()
+
+
+async def connect(execd: RunningExecd, port: int, within: float = 20.0) -> ExecdClient:
+    return await harnessd.connect("127.0.0.1", port, execd.token, reattach_within=within)
+
+
+async def reconnect(execd: RunningExecd, port: int, lost: ExecdClient) -> ExecdClient:
+    """A new client that adopts what ``lost`` had in flight."""
+    await eventually(lambda: lost.closed, what="the cut noticed")
+    fresh = await connect(execd, port)
+    fresh.adopt(lost.take_orphans())
+    return fresh
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_a_command_cut_mid_way_finishes_once_and_its_result_arrives(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    target = tmp_path / "f"
+    client = await connect(execd, proxy.port)
+    run = asyncio.ensure_future(client.run(command=SLOW_APPEND.format(f=target)))
+    await eventually(target.exists, what="the command started")
+    assert proxy.cut() == 1
+    fresh = await reconnect(execd, proxy.port, client)
+    try:
+        result = await run
+        assert (result.exit_code, result.stdout, result.stderr) == (0, b"done\n", b"")
+        assert target.read_text() == "x\n"
+    finally:
+        await fresh.close()
+        await client.close()
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_streamed_output_resumes_from_the_bytes_the_client_holds(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    script = f"seq 1 2000; while [ ! -e {gate} ]; do sleep 0.05; done; seq 2001 4000"
+    client = await connect(execd, proxy.port)
+    command = client.run_streaming(command=script)
+    received = bytearray()
+
+    async def collect() -> None:
+        async for stream, data in command.output():
+            assert stream == "stdout"
+            received.extend(data)
+
+    reader = asyncio.ensure_future(collect())
+    await eventually(lambda: received.endswith(b"2000\n"), what="the first half")
+    proxy.cut()
+    fresh = await reconnect(execd, proxy.port, client)
+    try:
+        gate.touch()
+        await reader
+        assert (await command.result()).exit_code == 0
+        expected = "".join(f"{i}\n" for i in range(1, 4001)).encode()
+        assert bytes(received) == expected
+    finally:
+        await fresh.close()
+        await client.close()
+
+
+@pytest.mark.execd_args("--request-grace", "0.3")
+async def test_past_the_grace_the_command_is_killed_and_the_reattach_says_so(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    target = tmp_path / "f"
+    client = await connect(execd, proxy.port)
+    handle = client.start(
+        "shell.run", {"command": f"echo x >> {target}; sleep 2; echo done >> {target}"}
+    )
+    rid = client._proto.rids[handle.id]
+    await eventually(target.exists, what="the command started")
+    proxy.cut()
+    await eventually(lambda: "no reattach within" in execd.log(), what="the grace expired")
+    fresh = await connect(execd, proxy.port)
+    try:
+        with pytest.raises(harnessd.Cancelled, match="cancelled: connection lost"):
+            await fresh.reattach(rid).result()
+        # Killed: the rest of the command never ran (2 s after the start, it would have).
+        with pytest.raises(harnessd.Cancelled):
+            await fresh.reattach(rid).result()
+        assert target.read_text() == "x\n"
+    finally:
+        await fresh.close()
+        await client.close()
+
+
+async def test_a_restarted_execd_says_not_known_and_nothing_runs_twice(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    first_dir, second_dir = tmp_path / "one", tmp_path / "two"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    with start_execd(first_dir) as first:
+        client = await harnessd.connect(first.host, first.port, first.token, reattach_within=20)
+        run = asyncio.ensure_future(client.run(command=SLOW_APPEND.format(f=target)))
+        await eventually(target.exists, what="the command started")
+        first.proc.terminate()  # its cleanup kills the command
+        await eventually(lambda: client.closed, what="the loss noticed")
+        orphans = client.take_orphans()
+    with start_execd(second_dir) as second:
+        fresh = await harnessd.connect(second.host, second.port, second.token)
+        try:
+            fresh.adopt(orphans)
+            with pytest.raises(harnessd.RequestNotKnown) as caught:
+                await run
+            assert caught.value.data["reason"] == "unknown"
+        finally:
+            await fresh.close()
+            await client.close()
+    assert target.read_text() == "x\n"
+
+
+@pytest.mark.execd_args("--request-retention", "3")
+async def test_the_oldest_outcomes_are_evicted_and_a_late_attach_is_told(
+    execd: RunningExecd, client: ExecdClient
+) -> None:
+    rids = []
+    for i in range(5):
+        handle = client.start("server.echo", {"data": bytes([i])})
+        rids.append(client._proto.rids[handle.id])
+        assert await handle.result(bytes) == bytes([i])
+    for rid in rids[:2]:
+        with pytest.raises(harnessd.RequestNotKnown) as caught:
+            await client.reattach(rid).result()
+        assert caught.value.data == {"reason": "evicted", "rid": rid.hex()}
+    for i, rid in enumerate(rids[2:], start=2):
+        assert await client.reattach(rid).result(bytes) == bytes([i])
+    with pytest.raises(harnessd.RequestNotKnown) as caught:
+        await client.reattach(os.urandom(16)).result()
+    assert caught.value.data["reason"] == "unknown"
+
+
+async def test_a_call_resent_with_a_known_id_does_not_run_again(
+    execd: RunningExecd, client: ExecdClient, tmp_path: Path
+) -> None:
+    target = tmp_path / "f"
+    params = {"command": f"echo x >> {target}; echo ran"}
+    rid = os.urandom(16)
+    answers = []
+    for _ in range(2):
+        _, future = client._send_call("shell.run", params, rid=rid)
+        answer = await future
+        assert isinstance(answer, Reply)
+        answers.append(bytes(answer.result))
+    assert answers[0] == answers[1]  # the same kept result, pid included
+    assert target.read_text() == "x\n"
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_a_streamed_write_cut_at_half_completes_once_or_leaves_nothing_torn(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    size = 64 * 1024 * 1024
+    payload = os.urandom(1024 * 1024) * 64
+    target = tmp_path / "big.bin"
+    target.write_bytes(b"before")
+    client = await connect(execd, proxy.port)
+    proxy.cut_after("up", size // 2)
+    try:
+        await client.write_file(str(target), payload)
+        completed = True
+    except harnessd.ConnectionLost:
+        completed = False
+    assert proxy.cuts == 1
+    print("completed on reattach" if completed else "failed cleanly; written again")
+    fresh = await reconnect(execd, proxy.port, client)
+    try:
+        if completed:
+            assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(payload).digest()
+        else:
+            # The upload broke: the atomic write left the target as it was, and no
+            # temporary file beside it.
+            assert target.read_bytes() == b"before"
+            await eventually(
+                lambda: (
+                    sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("big"))
+                    == ["big.bin"]
+                ),
+                what="the temporary file removed",
+            )
+            # Now written whole, once, on the new connection.
+            await fresh.write_file(str(target), payload)
+            assert target.stat().st_size == size
+            assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(payload).digest()
+    finally:
+        await fresh.close()
+        await client.close()
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_a_streamed_read_resumes_from_the_clients_offset(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    payload = os.urandom(24 * 1024 * 1024)
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    client = await connect(execd, proxy.port)
+    proxy.cut_after("down", 9 * 1024 * 1024)
+    read = asyncio.ensure_future(client.read_file(str(source)))
+    fresh = await reconnect(execd, proxy.port, client)
+    try:
+        assert await read == payload
+        assert proxy.cuts == 1
+    finally:
+        await fresh.close()
+        await client.close()
