@@ -129,6 +129,7 @@ class Request:
 
     __slots__ = (
         "attached",
+        "bound_to",
         "call_id",
         "callbacks",
         "done",
@@ -136,6 +137,7 @@ class Request:
         "lost",
         "method",
         "origin",
+        "origin_connection",
         "outcome",
         "rid",
         "sink",
@@ -145,14 +147,21 @@ class Request:
         "virtual_id",
     )
 
-    def __init__(self, rid: bytes, method: str, origin: CallContext, virtual_id: int) -> None:
+    def __init__(
+        self, rid: bytes, method: str, connection_id: int, call_id: int, virtual_id: int
+    ) -> None:
         self.rid = rid
         self.method = method
-        self.origin = origin
-        self.call_id = origin.call_id
+        self.origin_connection = connection_id
+        self.call_id = call_id
         self.virtual_id = virtual_id
-        self.sink: CallContext | None = origin
-        self.task: asyncio.Task[Any] | None = asyncio.current_task()
+        #: The original call's context, once its task has started.
+        self.origin: CallContext | None = None
+        #: (connection id, call id) of the call that gets the answer; None while unbound.
+        self.bound_to: tuple[int, int] | None = None
+        #: That call's context (None until it has started).
+        self.sink: CallContext | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.outcome: Outcome | None = None
         self.done: asyncio.Future[None] | None = None
         self.attached: asyncio.Future[None] | None = None
@@ -189,13 +198,14 @@ class RequestContext:
 
     @property
     def max_chunk(self) -> int:
-        sink = self._req.sink
-        return (sink or self._req.origin).max_chunk
+        sink = self._req.sink or self._req.origin
+        assert sink is not None
+        return sink.max_chunk
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         req = self._req
         out = req.output(stream)
-        while req.sink is None and out.size > self._table.detached_cap:
+        while req.bound_to is None and out.size > self._table.detached_cap:
             await self._table.wait_attached(req)
         async with out.lock:
             out.append(data)
@@ -211,11 +221,15 @@ class RequestContext:
 
     async def receive(self, stream: str) -> AsyncIterator[bytes]:
         # Uploads come on the original call only; a lost connection ends them.
-        async for data in self._req.origin.receive(stream):
+        origin = self._req.origin
+        assert origin is not None
+        async for data in origin.receive(stream):
             yield data
 
     async def push_event(self, topic: int, name: str, data: Any) -> None:
-        await self._req.origin.push_event(topic, name, data)
+        origin = self._req.origin
+        assert origin is not None
+        await origin.push_event(topic, name, data)
 
     def on_close(self, callback: Callback) -> None:
         self._req.callbacks.append(callback)
@@ -249,17 +263,28 @@ class RequestTable:
     def methods(self) -> list[Method]:
         return [Method(api.ATTACH, api.AttachParams, self.request_attach)]
 
-    def wrap(self, rid: bytes, method: Method) -> Method:
-        """The method to run for a call of ``method`` carrying request id ``rid``."""
+    def wrap(self, rid: bytes, method: Method, connection_id: int, call_id: int) -> Method:
+        """The method to run for call ``call_id`` of ``method`` carrying request id ``rid``.
+
+        A new id is registered at once, before its task runs: a connection that
+        closes right behind the call must find it (and leave its task running).
+        """
         if method.name in api.CONNECTION_SCOPED:
             return method
-        handler = functools.partial(self._run, rid, method.name, method.handler)
+        if rid in self._running or rid in self._finished or rid in self._evicted:
+            return Method(method.name, method.params, functools.partial(self._again, rid))
+        req = Request(rid, method.name, connection_id, call_id, next(self._virtual_ids))
+        self._running[rid] = req
+        self._origins.setdefault(connection_id, {})[call_id] = req
+        self._bind_key(req, (connection_id, call_id))
+        handler = functools.partial(self._run, req, method.handler)
         return Method(method.name, method.params, handler)
 
     def connection_closed(self, connection_id: int) -> frozenset[int]:
         """Unbind the requests of a closed connection; the call ids whose tasks live on."""
         for req in self._bound.pop(connection_id, {}).values():
             req.sink = None
+            req.bound_to = None
             if req.outcome is None and req.grace is None:
                 req.grace = asyncio.get_running_loop().call_later(self.grace, self._expire, req)
         origins = self._origins.pop(connection_id, None)
@@ -283,16 +308,19 @@ class RequestTable:
 
     # -- running a tracked call --------------------------------------------------------
 
-    async def _run(self, rid: bytes, name: str, handler: Handler, params: Any, ctx: Any) -> Any:
+    async def _again(self, rid: bytes, params: Any, ctx: CallContext) -> Any:
+        """A call with an id already known: attach to it (it never runs twice)."""
         req = self._running.get(rid) or self._finished.get(rid)
-        if req is not None:
-            return await self._attach(req, ctx, {})
-        if rid in self._evicted:
-            raise self._not_known(rid, "evicted")
-        req = Request(rid, name, ctx, next(self._virtual_ids))
-        self._running[rid] = req
-        self._bind(req, ctx)
-        self._origins.setdefault(ctx.connection_id, {})[ctx.call_id] = req
+        if req is None:
+            raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
+        return await self._attach(req, ctx, {})
+
+    async def _run(self, req: Request, handler: Handler, params: Any, ctx: CallContext) -> Any:
+        name = req.method
+        req.origin = ctx
+        req.task = asyncio.current_task()
+        if req.bound_to == (ctx.connection_id, ctx.call_id):
+            req.sink = ctx
         try:
             result = await handler(params, RequestContext(req, self))
             payload = msgspec.Raw(ENCODER.encode(result))
@@ -325,11 +353,11 @@ class RequestTable:
             req.grace.cancel()
             req.grace = None
         self._running.pop(req.rid, None)
-        origins = self._origins.get(req.origin.connection_id)
+        origins = self._origins.get(req.origin_connection)
         if origins is not None and origins.get(req.call_id) is req:
             del origins[req.call_id]
             if not origins:
-                del self._origins[req.origin.connection_id]
+                del self._origins[req.origin_connection]
         if req.done is not None and not req.done.done():
             req.done.set_result(None)
         if req.callbacks:
@@ -353,10 +381,15 @@ class RequestTable:
 
     def _expire(self, req: Request) -> None:
         req.grace = None
-        if req.outcome is None and req.sink is None and req.task is not None:
-            log.info("%s: no reattach within %g s; cancelling it", req.method, self.grace)
-            req.lost = True
+        if req.outcome is not None or req.bound_to is not None:
+            return
+        log.info("%s: no reattach within %g s; cancelling it", req.method, self.grace)
+        req.lost = True
+        if req.task is not None:
             req.task.cancel()
+        elif req.origin is None:
+            # Its task was cancelled before it ever ran (a Cancel right behind the call).
+            self._finish(req, Cancelled("cancelled: connection lost"))
 
     # -- attaching ---------------------------------------------------------------------
 
@@ -369,12 +402,12 @@ class RequestTable:
         return await self._attach(req, ctx, params.offsets)
 
     async def _attach(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> Any:
-        sink = req.sink
-        if sink is not None:
-            if sink.connection_id == ctx.connection_id:
+        bound = req.bound_to
+        if bound is not None:
+            if bound[0] == ctx.connection_id:
                 raise InvalidParams("the request is in flight on this connection already")
             # The client gave that connection up: close it, and the request moves here.
-            self.abort_connection(sink.connection_id)
+            self.abort_connection(bound[0])
             self._unbind(req)
         for name, offset in offsets.items():
             out = req.streams.get(name)
@@ -419,8 +452,12 @@ class RequestTable:
                 out.lock.release()
 
     def _bind(self, req: Request, ctx: CallContext) -> None:
+        self._bind_key(req, (ctx.connection_id, ctx.call_id))
         req.sink = ctx
-        self._bound.setdefault(ctx.connection_id, {})[ctx.call_id] = req
+
+    def _bind_key(self, req: Request, key: tuple[int, int]) -> None:
+        req.bound_to = key
+        self._bound.setdefault(key[0], {})[key[1]] = req
         if req.grace is not None:
             req.grace.cancel()
             req.grace = None
@@ -431,15 +468,16 @@ class RequestTable:
                 waiter.set_result(None)
 
     def _unbind(self, req: Request) -> None:
-        sink = req.sink
-        if sink is None:
-            return
-        bound = self._bound.get(sink.connection_id)
-        if bound is not None and bound.get(sink.call_id) is req:
-            del bound[sink.call_id]
-            if not bound:
-                del self._bound[sink.connection_id]
+        key = req.bound_to
         req.sink = None
+        if key is None:
+            return
+        req.bound_to = None
+        bound = self._bound.get(key[0])
+        if bound is not None and bound.get(key[1]) is req:
+            del bound[key[1]]
+            if not bound:
+                del self._bound[key[0]]
 
     async def wait_attached(self, req: Request) -> None:
         """Wait until a client attaches to ``req`` (its output is at its cap meanwhile)."""

@@ -246,7 +246,7 @@ class ServerProtocol(FramedProtocol):
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
         if call.rid is not None:
-            method = self.server.requests.wrap(call.rid, method)
+            method = self.server.requests.wrap(call.rid, method, self.connection_id, call.id)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         self._tasks[call.id] = self._loop.create_task(
             self._run(call.id, method, params), name=method.name

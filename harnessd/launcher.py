@@ -58,6 +58,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harnessd import reattach
 from harnessd.api import ExecdClient, connect
 from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
 from harnessd.opening import Opening
@@ -149,6 +150,7 @@ class _Options:
     cleanup_timeout: float
     token_path: str
     created_workdir: bool
+    reattach_within: float = reattach.DEFAULT_REATTACH_WITHIN
 
 
 class Session:
@@ -188,6 +190,11 @@ class Session:
         self._token = token
         self._options = options
         self._closing: asyncio.Future[CloseResult] | None = None
+        self._reconnecting = asyncio.Lock()
+        self._reconnector = reattach.Reconnector(
+            self.reconnect, lambda: self.client, lambda: self.closed, options.reattach_within
+        )
+        client.on_lost = self._reconnector.lost
 
     def __repr__(self) -> str:
         return (
@@ -203,16 +210,19 @@ class Session:
     async def reconnect(self, *, timeout: float | None = None) -> ExecdClient:
         """Connect again to the same execd and make the new client ``session.client``.
 
-        The previous client is closed, so calls on it keep failing with
-        ConnectionLost (execd treats its connection as gone: its attached,
-        non-detached commands are stopped). Raises ConnectFailed,
-        HandshakeFailed, or ConnectionLost when the session is closed.
+        The previous client is closed; the calls it had in flight are
+        reattached on the new one (:mod:`harnessd.reattach`): they run on in
+        execd and their results arrive as if nothing had happened. A lost
+        connection with calls in flight is reconnected this way by itself.
+        Raises ConnectFailed, HandshakeFailed, or ConnectionLost when the
+        session is closed.
         """
         if self._closing is not None:
             raise ConnectionLost("the session is closed")
-        client = await self._connect(timeout)
-        old, self.client = self.client, client
-        await old.close()
+        async with self._reconnecting:
+            client = await self._connect(timeout)
+            old, self.client = self.client, client
+            client.adopt(await old.release())
         return client
 
     async def close(self, *, keep_log: bool = True) -> CloseResult:
@@ -247,17 +257,21 @@ class Session:
 
     async def _connect(self, timeout: float | None) -> ExecdClient:
         opts = self._options
-        return await connect(
+        client = await connect(
             self.host,
             self.port,
             self._token,
             encrypt=opts.encrypt,
             timeout=opts.connect_timeout if timeout is None else timeout,
             keepalive=opts.keepalive,
+            reattach_within=opts.reattach_within,
         )
+        client.on_lost = self._reconnector.lost
+        return client
 
     async def _close_call(self, client: ExecdClient) -> CloseReport:
         budget = self._options.cleanup_timeout
+        client.request_ids = False  # execd exits after it: nothing to reattach to
         async with asyncio.timeout(budget + 10.0):
             return await client.close_session(shutdown=True, timeout=budget)
 
@@ -274,6 +288,7 @@ class Session:
     async def _shutdown(self, keep_log: bool) -> CloseResult:
         report: CloseReport | None = None
         rpc_error: str | None = None
+        await self._reconnector.stop()
         try:
             report = await self._close_remote()
         except Exception as exc:
@@ -378,6 +393,7 @@ def serve(
     keepalive: float | None = 2.0,
     connect_timeout: float = 10.0,
     cleanup_timeout: float = 10.0,
+    reattach_within: float = reattach.DEFAULT_REATTACH_WITHIN,
 ) -> Launch:
     """Start execd in the workspace of ``runtime`` and return a connected :class:`Session`.
 
@@ -402,6 +418,8 @@ def serve(
     a lease ``keepalive`` must be set, and it is shortened to ``lease /
     LEASE_PINGS`` when longer. ``start_timeout``: how long execd may take to
     announce. ``cleanup_timeout``: the budget of marker cleanup at close.
+    ``reattach_within``: how long calls in flight on a lost connection wait for
+    the session to reconnect and reattach them (:meth:`Session.reconnect`).
     Raises ValueError for a lease that is not a positive number of seconds.
 
     Raises :class:`~harnessd.errors.LaunchFailed` (message with execd's log
@@ -444,6 +462,7 @@ def serve(
         cleanup_timeout=cleanup_timeout,
         token_path=posixpath.join(directory, f"token-{tag}"),
         created_workdir=created,
+        reattach_within=reattach_within,
     )
     plan = _Plan(
         runtime=rt,
@@ -525,6 +544,7 @@ class _Plan:
                 encrypt=self.options.encrypt,
                 timeout=self.options.connect_timeout,
                 keepalive=self.options.keepalive,
+                reattach_within=self.options.reattach_within,
             )
         except BaseException as exc:
             late = not isinstance(exc, LaunchFailed)

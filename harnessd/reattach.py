@@ -29,12 +29,15 @@ and the caller decides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harnessd.errors import ConnectionLost
+from harnessd.errors import ConnectionLost, HarnessError
 from protocol import limits
 from protocol.api import requests as api
 from protocol.bridge import InboundStream
@@ -42,6 +45,11 @@ from protocol.messages import Error, Reply
 
 if TYPE_CHECKING:
     from harnessd.client import Client, ClientProtocol
+
+log = logging.getLogger("harnessd.reattach")
+
+#: Seconds a session's calls in flight wait for a reconnect (execd's default grace).
+DEFAULT_REATTACH_WITHIN = 30.0
 
 
 def new_request_id() -> bytes:
@@ -146,3 +154,53 @@ async def follow(
     moved = await asyncio.shield(orphan.moved)
     source = moved.streams.get(name) or moved.proto.inbound(moved.call_id, name)
     return moved.proto, moved.call_id, source
+
+
+class Reconnector:
+    """Reconnects a session whose connection was lost with calls in flight.
+
+    ``lost()`` (a client's ``on_lost``) starts one background attempt: while
+    the session is open and its current client is closed, ``reconnect()`` is
+    tried again and again (backing off from 50 ms to 1 s) until it succeeds
+    -- the new client adopts the orphans -- or ``window`` seconds have passed,
+    after which the orphans fail by themselves.
+    """
+
+    def __init__(
+        self,
+        reconnect: Callable[[], Awaitable[object]],
+        current: Callable[[], Client],
+        closed: Callable[[], bool],
+        window: float,
+    ) -> None:
+        self._reconnect = reconnect
+        self._current = current
+        self._closed = closed
+        self._window = window
+        self._task: asyncio.Task[None] | None = None
+
+    def lost(self) -> None:
+        if self._closed() or (self._task is not None and not self._task.done()):
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._window
+        pause = 0.05
+        while not self._closed() and self._current().closed and loop.time() < deadline:
+            try:
+                await self._reconnect()
+                return
+            except HarnessError as exc:
+                log.info("reconnecting to reattach calls in flight failed: %s", exc)
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, 1.0)
+
+    async def stop(self) -> None:
+        """Stop trying (the session is closing)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
