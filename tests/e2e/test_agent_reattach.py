@@ -1,0 +1,137 @@
+"""An agent turn whose connection is cut while its tool calls run finishes as if nothing happened.
+
+The session's client goes through a :class:`~tests.support.cut_proxy.CutProxy`;
+the cut falls while eight tool calls of one turn are running in execd. The
+session reconnects by itself and reattaches them (request ids, PROTOCOL.md
+8.1): every call ran once, every result arrives once, and the ledger holds
+each entry once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessd.agent import AgentSession
+from harnessd.launcher import Session, serve
+from harnessd.ledger_sync import decode_entry
+from harnessd.models import AssistantTurn, ChatMessage, ScriptedModel, ToolSpec
+from harnessd.runtime import LocalRuntime
+from harnessd.tools import ToolConfig
+from harnessd.trace import Trace
+from tests.conftest import eventually, one_loop
+from tests.support.cut_proxy import CutProxy
+
+pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
+
+CALLS = 8
+
+
+@contextlib.asynccontextmanager
+async def proxied_session(
+    tmp_path: Path, **options: Any
+) -> AsyncIterator[tuple[Session, CutProxy]]:
+    """A launched execd whose session client connects through a cut proxy."""
+    async with serve(
+        LocalRuntime(),
+        workdir=str(tmp_path / "execd-w"),
+        extra_args=("--state-dir", str(tmp_path / "state")),
+        **options,
+    ) as session:
+        direct = session.host, session.port
+        proxy = await CutProxy(*direct).start()
+        try:
+            session.host, session.port = "127.0.0.1", proxy.port
+            await session.reconnect()
+            yield session, proxy
+        finally:
+            session.host, session.port = direct
+            await proxy.close()
+
+
+class CutDuringTools:
+    """A scripted model that, on turn ``at``, arms a cut for when the tools are all running."""
+
+    def __init__(self, inner: ScriptedModel, at: int, proxy: CutProxy, started: Path) -> None:
+        self.inner = inner
+        self.at = at
+        self.proxy = proxy
+        self.started = started
+        self.turn = 0
+        self.cutter: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return "cut-during-tools"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        self.turn += 1
+        if self.turn == self.at:
+            self.cutter = asyncio.ensure_future(self._cut_when_all_started())
+        return await self.inner.complete(messages, tools)
+
+    async def _cut_when_all_started(self) -> None:
+        def all_started() -> bool:
+            return self.started.exists() and len(self.started.read_text().splitlines()) == CALLS
+
+        await eventually(all_started, timeout=30, what="every tool call started")
+        assert self.proxy.cut() == 1
+
+
+@pytest.mark.parametrize("live_output", [False, True], ids=["collected", "streamed"])
+async def test_a_turn_of_eight_calls_cut_in_the_middle_completes_with_every_result_once(
+    tmp_path: Path, live_output: bool
+) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    started = root / "started.log"
+    turns: list[dict[str, Any]] = [
+        {
+            "content": "eight at once",
+            "tool_calls": [
+                {
+                    "name": "shell",
+                    "arguments": {"command": f"echo {i} >> started.log; sleep 1.5; echo done-{i}"},
+                }
+                for i in range(CALLS)
+            ],
+        },
+        {"content": "done"},
+    ]
+    async with proxied_session(tmp_path) as (session, proxy):
+        model = CutDuringTools(ScriptedModel(turns), at=1, proxy=proxy, started=started)
+        agent = AgentSession(
+            model,
+            lambda: session.client,
+            reconnect=session.reconnect,
+            tools=ToolConfig(root=str(root)),
+            trace=Trace(tmp_path / "trace.jsonl"),
+            live_output=live_output,
+        )
+        before = session.client
+        result = await agent.run("eight calls")
+        agent.trace.close()
+        assert model.cutter is not None
+        await model.cutter
+        assert proxy.cuts == 1 and session.client is not before
+        assert result.stop_reason == "finished" and result.tool_errors == 0
+        texts = [tool.text for tool in result.turns[0].results]
+        assert len(texts) == CALLS
+        assert texts == [f"exit code 0\nstdout:\ndone-{i}\n" for i in range(CALLS)]
+        # Each command ran once.
+        assert sorted(started.read_text().split()) == sorted(str(i) for i in range(CALLS))
+        # The ledger: every entry once, execd's copy equal to ours.
+        client = session.client
+        assert await agent.sync.verify_remote(client) == agent.ledger.seq
+        records = await client.ledger_read(agent.session_id, 1)
+        assert [r.payload for r in records] == list(agent.ledger.payloads())
+        entries = [decode_entry(p) for p in agent.ledger.payloads()]
+        ids = [e["tool_call_id"] for e in entries if e["kind"] == "tool_result"]
+        assert len(ids) == len(set(ids)) == CALLS
