@@ -247,6 +247,8 @@ class RequestTable:
         self._running: dict[bytes, Request] = {}
         self._finished: collections.OrderedDict[bytes, Request] = collections.OrderedDict()
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # Server nonces of this execd's authenticated connections (the newest ones).
+        self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # connection id -> call id -> request: where each request's answer goes, and
         # which tasks of a closing connection are running requests.
         self._bound: dict[int, dict[int, Request]] = {}
@@ -279,6 +281,12 @@ class RequestTable:
         self._bind_key(req, (connection_id, call_id))
         handler = functools.partial(self._run, req, method.handler)
         return Method(method.name, method.params, handler)
+
+    def connection_opened(self, server_nonce: bytes) -> None:
+        """An authenticated connection: remember its nonce (``request.attach``'s ``sent_on``)."""
+        self._nonces[server_nonce] = None
+        if len(self._nonces) > EVICTED_MEMORY * self.max_count:
+            self._nonces.popitem(last=False)
 
     def connection_closed(self, connection_id: int) -> frozenset[int]:
         """Unbind the requests of a closed connection; the call ids whose tasks live on."""
@@ -398,7 +406,8 @@ class RequestTable:
         req = self._running.get(params.rid) or self._finished.get(params.rid)
         if req is None:
             reason: api.NotKnownReason = "evicted" if params.rid in self._evicted else "unknown"
-            raise self._not_known(params.rid, reason)
+            seen = params.sent_on is not None and params.sent_on in self._nonces
+            raise self._not_known(params.rid, reason, seen=seen and reason == "unknown")
         return await self._attach(req, ctx, params.offsets)
 
     async def _attach(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> Any:
@@ -406,6 +415,10 @@ class RequestTable:
         if bound is not None:
             if bound[0] == ctx.connection_id:
                 raise InvalidParams("the request is in flight on this connection already")
+            if bound[0] > ctx.connection_id:
+                # A copy of the call from an older connection, processed late: the newer
+                # connection keeps the request.
+                raise InvalidParams("the request is attached from a newer connection")
             # The client gave that connection up: close it, and the request moves here.
             self.abort_connection(bound[0])
             self._unbind(req)
@@ -485,12 +498,12 @@ class RequestTable:
             req.attached = asyncio.get_running_loop().create_future()
         await asyncio.wait([req.attached])
 
-    def _not_known(self, rid: bytes, reason: api.NotKnownReason) -> RequestNotKnown:
+    def _not_known(
+        self, rid: bytes, reason: api.NotKnownReason, *, seen: bool = False
+    ) -> RequestNotKnown:
         what = "was evicted from the retention window" if reason == "evicted" else "is not known"
-        return RequestNotKnown(
-            f"request {rid.hex()} {what}",
-            msgspec.to_builtins(api.NotKnown(reason=reason, rid=rid.hex())),
-        )
+        data = api.NotKnown(reason=reason, rid=rid.hex(), seen=seen)
+        return RequestNotKnown(f"request {rid.hex()} {what}", msgspec.to_builtins(data))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def runner() -> None:

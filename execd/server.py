@@ -221,6 +221,7 @@ class ServerProtocol(FramedProtocol):
                 self._deadline.cancel()
                 self._deadline = None
             self.server.authenticated(self)
+            self.server.requests.connection_opened(self.conn.server_nonce)
         elif isinstance(event, Abort):
             self.abort(None)
 

@@ -84,7 +84,7 @@ class ClientProtocol(FramedProtocol):
         # Request ids of the calls in flight that carry one (harnessd.reattach), the
         # bytes received per stream of those calls, and where an attach call's streams
         # start; the orphans made of them when the connection was lost.
-        self.rids: dict[int, bytes] = {}
+        self.rids: dict[int, reattaching.Tracked] = {}
         self.received: dict[int, dict[str, int]] = {}
         self.bases: dict[int, dict[str, int]] = {}
         self.orphans: dict[int, reattaching.Orphan] = {}
@@ -245,6 +245,12 @@ class CallHandle:
     def done(self) -> bool:
         return self._future.done()
 
+    @property
+    def request_id(self) -> bytes | None:
+        """The call's request id (None without one), for :meth:`Client.reattach`."""
+        tracked = self._client._proto.rids.get(self.id)
+        return tracked.rid if tracked is not None else None
+
 
 class Client:
     """An authenticated connection to one execd."""
@@ -341,7 +347,8 @@ class Client:
         ``result()``) RequestNotKnown when execd does not know the id.
         """
         params = requests_api.AttachParams(rid=rid, offsets=dict(offsets or {}))
-        call_id, future = self._send_call(requests_api.ATTACH, params, rid=rid)
+        tracked = reattaching.Tracked(rid, requests_api.ATTACH, to_raw(params), b"", uploads=True)
+        call_id, future = self._send_call(requests_api.ATTACH, params, tracked=tracked)
         self._proto.bases[call_id] = dict(offsets or {})
         return CallHandle(self, call_id, future)
 
@@ -391,28 +398,34 @@ class Client:
     # -- internals -------------------------------------------------------------
 
     def _send_call(
-        self, method: str, params: Any, rid: bytes | None = None
+        self, method: str, params: Any, tracked: reattaching.Tracked | None = None
     ) -> tuple[int, asyncio.Future[Reply | Error]]:
         """Frame and send a Call; return its id and the future of its answer.
 
-        ``rid``: the request id to track the call under; by default a fresh one
-        (none for methods that belong to their connection). It goes on the wire
-        unless the method is connection-scoped (an attach names its id in its params).
+        Every call gets a fresh request id (none for methods that belong to
+        their connection, nor with ``request_ids`` off); ``tracked``: track it
+        as this call instead (a reattach, or a call sent again). The id goes
+        on the wire unless the method is connection-scoped (an attach names
+        its id in its params).
         """
         proto = self._proto
         if proto.closed:
             raise proto.lost or ConnectionLost("connection to execd closed")
         call_id = next(self._ids)
-        raw = _EMPTY_PARAMS if params is None else to_raw(params)
+        if params is None:
+            raw = _EMPTY_PARAMS
+        else:
+            raw = params if isinstance(params, msgspec.Raw) else to_raw(params)
         scoped = method in requests_api.CONNECTION_SCOPED
-        if rid is None and self.request_ids and not scoped:
-            rid = reattaching.new_request_id()
-        call = Call(id=call_id, method=method, params=raw, rid=None if scoped else rid)
-        frame = proto.conn.send(call)
+        if tracked is None and self.request_ids and not scoped:
+            nonce = proto.conn.server_nonce
+            tracked = reattaching.Tracked(reattaching.new_request_id(), method, raw, nonce)
+        rid = None if scoped or tracked is None else tracked.rid
+        frame = proto.conn.send(Call(id=call_id, method=method, params=raw, rid=rid))
         future: asyncio.Future[Reply | Error] = proto.loop.create_future()
         proto.pending[call_id] = future
-        if rid is not None:
-            proto.rids[call_id] = rid
+        if tracked is not None:
+            proto.rids[call_id] = tracked
         proto.write(frame)
         return call_id, future
 
@@ -453,6 +466,9 @@ class Client:
             yield data
 
     async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
+        tracked = self._proto.rids.get(call_id)
+        if tracked is not None:
+            tracked.uploads = True  # what was streamed cannot be sent again
         try:
             await self._proto.send_stream(call_id, stream, data, end=end)
         except TransportClosed:

@@ -21,9 +21,14 @@ An attach call is itself tracked under the same id, so a second loss
 orphans it again and a third connection picks it up. Orphans nobody adopts
 within ``reattach_within`` seconds fail with ConnectionLost.
 
-A call is never sent twice: execd answers an attach for an id it does not
-know with REQUEST_NOT_KNOWN (raised as :class:`~harnessd.errors.RequestNotKnown`)
-and the caller decides.
+A call is sent again only when execd says it never arrived: an attach
+carries the server nonce of the connection the call was sent on, and when
+execd does not know the id but that connection was its own
+(``NotKnown.seen``), the call cannot have run -- it is sent again under the
+same id (a copy still on its way would attach to it instead of running).
+Calls that streamed an upload are not sent again. Otherwise (execd
+restarted, or the outcome was evicted) the caller gets
+:class:`~harnessd.errors.RequestNotKnown` and decides.
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from harnessd.errors import ConnectionLost, HarnessError
 from protocol import limits
 from protocol.api import requests as api
 from protocol.bridge import InboundStream
+from protocol.errors import ErrorCode
 from protocol.messages import Error, Reply
 
 if TYPE_CHECKING:
@@ -57,9 +65,26 @@ def new_request_id() -> bytes:
     return os.urandom(limits.REQUEST_ID_SIZE)
 
 
+@dataclass(eq=False, slots=True)
+class Tracked:
+    """What the client keeps of a call with a request id while it is in flight.
+
+    ``params`` (already encoded) and ``method`` let a call that never reached
+    execd be sent again under the same id; ``sent_on`` is the server nonce of
+    the connection it was sent on; ``uploads``: it sent stream data, which
+    cannot be sent again.
+    """
+
+    rid: bytes
+    method: str
+    params: msgspec.Raw
+    sent_on: bytes
+    uploads: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Moved:
-    """Where an orphaned call goes on: its attach call and that call's stream buffers."""
+    """Where an orphaned call goes on: the call that carries it now and its stream buffers."""
 
     proto: ClientProtocol
     call_id: int
@@ -70,13 +95,18 @@ class Moved:
 class Orphan:
     """A call in flight whose connection was lost, waiting for a new connection."""
 
-    rid: bytes
+    tracked: Tracked
     future: asyncio.Future[Reply | Error]
     offsets: dict[str, int]
     streams: tuple[str, ...]
-    moved: asyncio.Future[Moved] = field(
+    #: Where it went (None: nowhere further; its streams end where they are).
+    moved: asyncio.Future[Moved | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+    @property
+    def rid(self) -> bytes:
+        return self.tracked.rid
 
     def fail(self, failure: BaseException) -> None:
         """Nobody adopted it in time: the caller gets ``failure``."""
@@ -95,7 +125,7 @@ def orphan_calls(proto: ClientProtocol) -> list[Orphan]:
     the connection); what is left there fails as before.
     """
     orphans: list[Orphan] = []
-    for call_id, rid in proto.rids.items():
+    for call_id, tracked in proto.rids.items():
         future = proto.pending.pop(call_id, None)
         if future is None or future.done():
             continue
@@ -103,7 +133,7 @@ def orphan_calls(proto: ClientProtocol) -> list[Orphan]:
         received = proto.received.get(call_id, {})
         names = set(base) | set(received) | set(proto.stream_names(call_id))
         offsets = {name: base.get(name, 0) + received.get(name, 0) for name in names}
-        orphan = Orphan(rid=rid, future=future, offsets=offsets, streams=tuple(sorted(names)))
+        orphan = Orphan(tracked, future, offsets, tuple(sorted(names)))
         proto.orphans[call_id] = orphan
         orphans.append(orphan)
     proto.rids.clear()
@@ -115,9 +145,12 @@ def adopt(client: Client, orphans: list[Orphan]) -> None:
     for orphan in orphans:
         if orphan.future.done() or orphan.moved.done():
             continue
-        params = api.AttachParams(rid=orphan.rid, offsets=dict(orphan.offsets))
+        tracked = orphan.tracked
+        params = api.AttachParams(
+            rid=tracked.rid, offsets=dict(orphan.offsets), sent_on=tracked.sent_on or None
+        )
         try:
-            call_id, future = client._send_call(api.ATTACH, params, rid=orphan.rid)
+            call_id, future = client._send_call(api.ATTACH, params, tracked=tracked)
         except ConnectionLost as exc:
             orphan.fail(exc)
             continue
@@ -125,8 +158,47 @@ def adopt(client: Client, orphans: list[Orphan]) -> None:
         proto.bases[call_id] = dict(orphan.offsets)
         # Bind the buffers now: the attach's answer may come before anyone reads them.
         streams = {name: proto.inbound(call_id, name) for name in orphan.streams}
-        future.add_done_callback(functools.partial(_settle, orphan.future))
+        # Where the attach call's own streams go if the call is sent again (below).
+        relay = Orphan(tracked, orphan.future, {}, orphan.streams)
+        proto.orphans[call_id] = relay
+        future.add_done_callback(functools.partial(_answered, client, relay))
         orphan.moved.set_result(Moved(proto, call_id, streams))
+
+
+def _answered(client: Client, relay: Orphan, done: asyncio.Future[Reply | Error]) -> None:
+    """The answer to an attach: the call's outcome, or "never arrived": send it again."""
+    tracked = relay.tracked
+    answer = None if done.cancelled() or done.exception() is not None else done.result()
+    if (
+        isinstance(answer, Error)
+        and answer.code == ErrorCode.REQUEST_NOT_KNOWN
+        and not tracked.uploads
+        and _never_arrived(answer)
+        and not relay.future.done()
+    ):
+        try:
+            tracked.sent_on = client._proto.conn.server_nonce
+            call_id, future = client._send_call(tracked.method, tracked.params, tracked=tracked)
+        except ConnectionLost as exc:
+            relay.fail(exc)
+            return
+        proto = client._proto
+        streams = {name: proto.inbound(call_id, name) for name in relay.streams}
+        future.add_done_callback(functools.partial(_settle, relay.future))
+        relay.moved.set_result(Moved(proto, call_id, streams))
+        return
+    if not relay.moved.done():
+        relay.moved.set_result(None)
+    _settle(relay.future, done)
+
+
+def _never_arrived(answer: Error) -> bool:
+    """A REQUEST_NOT_KNOWN saying the id is unknown to the execd the call was sent to."""
+    try:
+        data = msgspec.msgpack.decode(answer.data, type=api.NotKnown)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return data.reason == "unknown" and data.seen
 
 
 def _settle(target: asyncio.Future[Reply | Error], done: asyncio.Future[Reply | Error]) -> None:
@@ -144,7 +216,7 @@ def _settle(target: asyncio.Future[Reply | Error], done: asyncio.Future[Reply | 
 async def follow(
     proto: ClientProtocol, call_id: int, name: str
 ) -> tuple[ClientProtocol, int, InboundStream] | None:
-    """Where stream ``name`` of a lost call continues; None when the call was not orphaned.
+    """Where stream ``name`` of a lost call continues; None when it goes nowhere further.
 
     Raises ConnectionLost when nobody adopted the call in time.
     """
@@ -152,6 +224,8 @@ async def follow(
     if orphan is None:
         return None
     moved = await asyncio.shield(orphan.moved)
+    if moved is None:
+        return None
     source = moved.streams.get(name) or moved.proto.inbound(moved.call_id, name)
     return moved.proto, moved.call_id, source
 

@@ -28,6 +28,7 @@ CONNECTION_SCOPED: Final = frozenset({ATTACH, "watch.subscribe", "watch.unsubscr
 #: Why an id is not known (``data.reason`` of REQUEST_NOT_KNOWN).
 NotKnownReason = Literal["unknown", "evicted"]
 
+Nonce = Annotated[bytes, msgspec.Meta(min_length=limits.NONCE_SIZE, max_length=limits.NONCE_SIZE)]
 RequestId = Annotated[
     bytes, msgspec.Meta(min_length=limits.REQUEST_ID_SIZE, max_length=limits.REQUEST_ID_SIZE)
 ]
@@ -38,9 +39,13 @@ class AttachParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     ``offsets`` maps each output stream name to the bytes of it the client
     already holds; the attach call's streams carry the rest, from there.
+    ``sent_on``: the server nonce of the connection the call was first sent
+    on; when execd does not know the id, it says whether that connection was
+    one of its own (``NotKnown.seen``).
     """
 
     rid: RequestId
+    sent_on: Nonce | None = None
     offsets: Annotated[
         dict[str, Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=8)
     ] = msgspec.field(default_factory=dict)
@@ -52,8 +57,12 @@ class NotKnown(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``reason``: ``"evicted"`` when the outcome was dropped from the retention
     window (oldest first) or its grace expired before anyone attached and it
     was evicted since; ``"unknown"`` when this execd never saw the id (it never
-    arrived, or execd restarted since).
+    arrived, or execd restarted since). ``seen``: the attach's ``sent_on``
+    names a connection of this execd, so the call never arrived and sending it
+    again with the same id is safe (it cannot have run; a copy still on its way
+    would attach rather than run).
     """
 
     reason: NotKnownReason
     rid: str
+    seen: bool = False

@@ -16,6 +16,8 @@ import pytest
 
 import harnessd
 from harnessd.api import ExecdClient
+from harnessd.reattach import Tracked
+from protocol.codec import to_raw
 from protocol.messages import Reply
 from tests.conftest import eventually
 from tests.support.cut_proxy import CutProxy
@@ -105,7 +107,7 @@ async def test_past_the_grace_the_command_is_killed_and_the_reattach_says_so(
     handle = client.start(
         "shell.run", {"command": f"echo x >> {target}; sleep 2; echo done >> {target}"}
     )
-    rid = client._proto.rids[handle.id]
+    rid = handle.request_id
     await eventually(target.exists, what="the command started")
     proxy.cut()
     await eventually(lambda: "no reattach within" in execd.log(), what="the grace expired")
@@ -140,11 +142,31 @@ async def test_a_restarted_execd_says_not_known_and_nothing_runs_twice(tmp_path:
             fresh.adopt(orphans)
             with pytest.raises(harnessd.RequestNotKnown) as caught:
                 await run
+            # Not one of this execd's connections: the call is not sent again.
             assert caught.value.data["reason"] == "unknown"
+            assert caught.value.data.get("seen", False) is False
         finally:
             await fresh.close()
             await client.close()
     assert target.read_text() == "x\n"
+
+
+async def test_a_call_cut_before_it_arrived_is_sent_again_and_runs_once(
+    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+) -> None:
+    target = tmp_path / "f"
+    client = await connect(execd, proxy.port)
+    proxy.cut_after("up", 12)  # inside the call's frame: execd never gets it
+    run = asyncio.ensure_future(client.run(command=f"echo x >> {target}; echo ran"))
+    fresh = await reconnect(execd, proxy.port, client)
+    try:
+        result = await run
+        assert (result.exit_code, result.stdout) == (0, b"ran\n")
+        assert target.read_text() == "x\n"
+        assert proxy.cuts == 1
+    finally:
+        await fresh.close()
+        await client.close()
 
 
 @pytest.mark.execd_args("--request-retention", "3")
@@ -154,7 +176,7 @@ async def test_the_oldest_outcomes_are_evicted_and_a_late_attach_is_told(
     rids = []
     for i in range(5):
         handle = client.start("server.echo", {"data": bytes([i])})
-        rids.append(client._proto.rids[handle.id])
+        rids.append(handle.request_id)
         assert await handle.result(bytes) == bytes([i])
     for rid in rids[:2]:
         with pytest.raises(harnessd.RequestNotKnown) as caught:
@@ -175,7 +197,8 @@ async def test_a_call_resent_with_a_known_id_does_not_run_again(
     rid = os.urandom(16)
     answers = []
     for _ in range(2):
-        _, future = client._send_call("shell.run", params, rid=rid)
+        tracked = Tracked(rid, "shell.run", to_raw(params), b"")
+        _, future = client._send_call("shell.run", params, tracked=tracked)
         answer = await future
         assert isinstance(answer, Reply)
         answers.append(bytes(answer.result))
