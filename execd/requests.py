@@ -42,10 +42,17 @@ STREAM_ERROR before anything is sent. A per-stream lock orders a live send
 and the replay of an attach, so the attaching call sees the stream's bytes
 exactly once and in order.
 
-An attach while the request is still bound to another live connection means
-the client has given that connection up (a half-open TCP connection after a
-NAT timeout, say): that connection is closed, and the request moves.
-Attaching from the connection it is bound to is INVALID_PARAMS.
+An attach from a newer connection while the request is still bound to an
+older live one means the client has given that connection up (a half-open
+TCP connection after a NAT timeout, say): that connection is closed, and the
+request moves. A late copy from an older connection, or an attach from the
+connection it is bound to, is INVALID_PARAMS and changes nothing.
+
+For an id it does not know, ``request.attach`` says whether the connection
+the call was sent on (``sent_on``, a server nonce) was one of this execd's:
+then the call never arrived and the client may send it again under the same
+id. The nonces of the newest authenticated connections are remembered for
+that (as many as evicted ids).
 
 Uploads are not replayed: a handler reading a client stream of a request
 whose connection is lost gets ConnectionLost, which fails the request with

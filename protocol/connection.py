@@ -155,11 +155,7 @@ class Connection:
 
     @property
     def server_nonce(self) -> bytes:
-        """The server's handshake nonce (empty before the Challenge): names the connection.
-
-        Authenticated by the transcript, so both ends agree on it; a client
-        names the connection a call was sent on by it (PROTOCOL.md 8.1).
-        """
+        """The server's nonce, in the transcript: names the connection (PROTOCOL.md 8.1)."""
         return self._negotiated.server_nonce if self._negotiated is not None else b""
 
     @property
