@@ -12,7 +12,8 @@
    then the resident set sampled every few milliseconds while it streams
    ``head -c 1G /dev/zero`` through ``run_streaming`` to a client that
    consumes the output, and its high-water mark (VmHWM) at the end. The
-   baseline is the raw floor server, a bare uvloop process.
+   baseline is the raw floor server, a bare uvloop process. Then the
+   retention window of request outcomes under load (:mod:`bench.retention`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from bench import ledger_append
 from bench.env import Env
 from bench.execd_proc import read_status_kib, start_execd
 from bench.report import Row, Target
+from bench.retention import retention_row
 from bench.settings import size_label
 from bench.stats import summarize
 from execd.ledger import LedgerStore
@@ -165,7 +167,8 @@ async def memory_rows(env: Env) -> list[Row]:
         extra={"vmhwm_mib": peak, "stream_mb_per_s": settings.stream_bytes / seconds / 1e6},
     )
     stream_row.target = Target(f"peak (VmHWM) < {STREAM_TARGET_MIB:g} MiB", peak, STREAM_TARGET_MIB)
-    return [base, idle_row, stream_row]
+    retention = await retention_row(env, MEMORY, idle_summary.p50)
+    return [base, idle_row, stream_row, retention]
 
 
 async def _sample_idle(pid: int, count: int) -> list[float]:

@@ -3,7 +3,9 @@
 1. One call in flight at a time: ``server.noop`` through execd (plaintext
    and AES-256-GCM, client on uvloop), the raw uvloop msgpack floor, FastAPI
    on uvicorn with an httpx keep-alive client, and grpcio unary. The five are
-   measured in interleaved batches so the machine's noise hits them alike.
+   measured in interleaved batches so the machine's noise hits them alike; the
+   plaintext no-op once more without request ids (PROTOCOL.md 8.1), what
+   carrying them costs.
 2. 64 calls in flight on one connection (64 tasks each awaiting one call at
    a time), calls per second, for execd and the floor (and gRPC, which
    multiplexes on one channel; HTTP/1.1 cannot pipeline on one connection).
@@ -39,6 +41,9 @@ async def run(env: Env) -> list[Row]:
         floor = await connect_floor(HOST, env.raw.ports["rpc"])
         plain = await env.execd.connect()
         aes = await env.execd.connect(encrypt="aes-256-gcm")
+        # The same calls without request ids (PROTOCOL.md 8.1): what carrying them costs.
+        noid = await env.execd.connect()
+        noid.request_ids = False
         http = HttpClient(HOST, http_server.ports["http"])
         grpc = GrpcClient(HOST, grpc_server.ports["grpc"])
         try:
@@ -57,17 +62,26 @@ async def run(env: Env) -> list[Row]:
                 "floor": floor_noop,
                 "execd": plain.noop,
                 "execd_aes": aes.noop,
+                "execd_noid": noid.noop,
                 "http": http_noop,
                 "grpc": grpc_noop,
             }
             fast, slow = settings.noop_samples, settings.noop_samples_slow
-            counts = {"floor": fast, "execd": fast, "execd_aes": fast, "http": slow, "grpc": slow}
+            counts = {
+                "floor": fast,
+                "execd": fast,
+                "execd_aes": fast,
+                "execd_noid": fast,
+                "http": slow,
+                "grpc": slow,
+            }
             samples = await interleaved(approaches, counts, rounds=settings.noop_rounds)
             rows = _noop_rows(samples)
             servers = {
                 "floor": env.raw.pid,
                 "execd": env.execd.pid,
                 "execd_aes": env.execd.pid,
+                "execd_noid": env.execd.pid,
                 "grpc": grpc_server.pid,
             }
             pipe = {name: approaches[name] for name in servers}
@@ -76,6 +90,7 @@ async def run(env: Env) -> list[Row]:
             floor.close()
             await plain.close()
             await aes.close()
+            await noid.close()
             await http.close()
             await grpc.close()
     return rows
@@ -108,9 +123,12 @@ def _noop_rows(samples: dict[str, list[float]]) -> list[Row]:
         "execd server.noop, aes-256-gcm",
         ("noop.floor", "noop.execd", "noop.http", "noop.grpc"),
     )
+    noid = row(
+        "execd_noid", "execd server.noop, plaintext, no request id", ("noop.floor", "noop.execd")
+    )
     execd.target = Target(f"p50 <= {NOOP_TARGET}x floor", execd.p50 / floor.p50, NOOP_TARGET)
     aes.target = Target(f"p50 <= {NOOP_AES_TARGET}x floor", aes.p50 / floor.p50, NOOP_AES_TARGET)
-    return [floor, http, grpc, execd, aes]
+    return [floor, http, grpc, execd, aes, noid]
 
 
 async def _pipelined_rows(
@@ -136,6 +154,7 @@ async def _pipelined_rows(
         "grpc": "grpcio unary, 64 concurrent on one channel",
         "execd": "execd server.noop, plaintext",
         "execd_aes": "execd server.noop, aes-256-gcm",
+        "execd_noid": "execd server.noop, plaintext, no request id",
     }
     rows: list[Row] = []
     for name in approaches:
@@ -151,7 +170,11 @@ async def _pipelined_rows(
                 p50=summary.p50,
                 p99=summary.p99,
                 n=summary.n,
-                baselines=() if name == "floor" else ("pipe.floor",),
+                baselines=()
+                if name == "floor"
+                else ("pipe.floor", "pipe.execd")
+                if name == "execd_noid"
+                else ("pipe.floor",),
                 extra={
                     "server_cpu_us_per_call": cpu[name] / calls * 1e6,
                     "client_cpu_us_per_call": client_cpu[name] / calls * 1e6,

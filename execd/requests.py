@@ -70,7 +70,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -86,7 +86,8 @@ from execd.errors import (
     StreamError,
 )
 from protocol.api import requests as api
-from protocol.codec import ENCODER
+from protocol.codec import ENCODER, to_raw
+from protocol.errors import ErrorCode
 
 log = logging.getLogger("execd.requests")
 
@@ -95,7 +96,12 @@ EVICTED_MEMORY: Final = 4
 #: Bytes a kept outcome costs beyond its payload (the Request, its id, the table slots).
 ENTRY_OVERHEAD: Final = 512
 
-Outcome = msgspec.Raw | ExecdError
+#: A finished call's outcome: its encoded result, or its error.
+Outcome = bytes | ExecdError
+#: An outcome kept compactly, for a call without output to replay: the encoded result
+#: (None for an error), the error's code, message and encoded data. A tuple of bytes,
+#: ints and strings, which the garbage collector stops tracking.
+Kept = tuple[bytes | None, int, str, bytes]
 Callback = Callable[[], Awaitable[None] | None]
 
 
@@ -148,7 +154,6 @@ class Request:
         "outcome",
         "rid",
         "sink",
-        "size",
         "streams",
         "task",
         "virtual_id",
@@ -176,7 +181,6 @@ class Request:
         self.grace: asyncio.TimerHandle | None = None
         self.callbacks: list[Callback] = []
         self.lost = False
-        self.size = 0
 
     def output(self, stream: str) -> _Output:
         out = self.streams.get(stream)
@@ -252,14 +256,13 @@ class RequestTable:
         self.keep = limits.output_cap
         self.detached_cap = 2 * limits.output_cap
         self._running: dict[bytes, Request] = {}
-        self._finished: collections.OrderedDict[bytes, Request] = collections.OrderedDict()
+        # rid -> (bytes it costs, the request or its compact outcome)
+        self._finished: collections.OrderedDict[bytes, tuple[int, Request | Kept]] = (
+            collections.OrderedDict()
+        )
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        # connection id -> call id -> request: where each request's answer goes, and
-        # which tasks of a closing connection are running requests.
-        self._bound: dict[int, dict[int, Request]] = {}
-        self._origins: dict[int, dict[int, Request]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._virtual_ids = iter(range(-1, -(2**62), -1))
         self.kept_bytes = 0
@@ -283,9 +286,8 @@ class RequestTable:
         if rid in self._running or rid in self._finished or rid in self._evicted:
             return Method(method.name, method.params, functools.partial(self._again, rid))
         req = Request(rid, method.name, connection_id, call_id, next(self._virtual_ids))
+        req.bound_to = (connection_id, call_id)
         self._running[rid] = req
-        self._origins.setdefault(connection_id, {})[call_id] = req
-        self._bind_key(req, (connection_id, call_id))
         handler = functools.partial(self._run, req, method.handler)
         return Method(method.name, method.params, handler)
 
@@ -295,15 +297,29 @@ class RequestTable:
         if len(self._nonces) > EVICTED_MEMORY * self.max_count:
             self._nonces.popitem(last=False)
 
-    def connection_closed(self, connection_id: int) -> frozenset[int]:
-        """Unbind the requests of a closed connection; the call ids whose tasks live on."""
-        for req in self._bound.pop(connection_id, {}).values():
-            req.sink = None
-            req.bound_to = None
-            if req.outcome is None and req.grace is None:
-                req.grace = asyncio.get_running_loop().call_later(self.grace, self._expire, req)
-        origins = self._origins.pop(connection_id, None)
-        return frozenset(origins) if origins else frozenset()
+    def connection_closed(
+        self, connection_id: int, tasks: Mapping[int, asyncio.Task[Any]]
+    ) -> frozenset[int]:
+        """Unbind the requests of a closed connection; the call ids whose tasks live on.
+
+        ``tasks``: the connection's tasks by call id; the table takes those of
+        its requests (to cancel them when their grace runs out). A scan of the
+        running requests: connections close far less often than calls come,
+        and no index has to be kept up to date per call.
+        """
+        survivors: list[int] = []
+        loop = asyncio.get_running_loop()
+        for req in self._running.values():
+            if req.origin_connection == connection_id:
+                survivors.append(req.call_id)
+                req.task = tasks.get(req.call_id)
+            bound = req.bound_to
+            if bound is not None and bound[0] == connection_id:
+                req.sink = None
+                req.bound_to = None
+                if req.grace is None:
+                    req.grace = loop.call_later(self.grace, self._expire, req)
+        return frozenset(survivors)
 
     def close(self) -> None:
         """execd is stopping: cancel every running request."""
@@ -323,22 +339,29 @@ class RequestTable:
 
     # -- running a tracked call --------------------------------------------------------
 
+    def _lookup(self, rid: bytes) -> Request | Kept | None:
+        req = self._running.get(rid)
+        if req is not None:
+            return req
+        kept = self._finished.get(rid)
+        return kept[1] if kept is not None else None
+
     async def _again(self, rid: bytes, params: Any, ctx: CallContext) -> Any:
         """A call with an id already known: attach to it (it never runs twice)."""
-        req = self._running.get(rid) or self._finished.get(rid)
-        if req is None:
+        found = self._lookup(rid)
+        if found is None:
             raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
-        return await self._attach(req, ctx, {})
+        return await self._attach(found, ctx, {})
 
     async def _run(self, req: Request, handler: Handler, params: Any, ctx: CallContext) -> Any:
         name = req.method
         req.origin = ctx
-        req.task = asyncio.current_task()
-        if req.bound_to == (ctx.connection_id, ctx.call_id):
+        bound = req.bound_to
+        if bound is not None and bound[0] == req.origin_connection:
             req.sink = ctx
         try:
             result = await handler(params, RequestContext(req, self))
-            payload = msgspec.Raw(ENCODER.encode(result))
+            payload = ENCODER.encode(result)
         except asyncio.CancelledError:
             message = "cancelled: connection lost" if req.lost else f"{name} was cancelled"
             self._finish(req, Cancelled(message))
@@ -358,37 +381,42 @@ class RequestTable:
             self._finish(req, error)
             raise error from None
         self._finish(req, payload)
-        return payload
+        return msgspec.Raw(payload)
 
     def _finish(self, req: Request, outcome: Outcome) -> None:
         req.outcome = outcome
         req.task = None
-        self._unbind(req)
+        req.sink = None
+        req.bound_to = None
+        req.origin = None
         if req.grace is not None:
             req.grace.cancel()
             req.grace = None
         self._running.pop(req.rid, None)
-        origins = self._origins.get(req.origin_connection)
-        if origins is not None and origins.get(req.call_id) is req:
-            del origins[req.call_id]
-            if not origins:
-                del self._origins[req.origin_connection]
         if req.done is not None and not req.done.done():
             req.done.set_result(None)
         if req.callbacks:
             self._spawn(_run_callbacks(req.callbacks))
             req.callbacks = []
-        size = len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome)
-        req.size = ENTRY_OVERHEAD + size + sum(out.size for out in req.streams.values())
-        self._finished[req.rid] = req
-        self.kept_bytes += req.size
+        entry: Request | Kept
+        if req.streams:
+            entry = req
+            size = sum(out.size for out in req.streams.values())
+        else:
+            entry = _compact(outcome)
+            size = 0
+        size += ENTRY_OVERHEAD + (
+            len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome)
+        )
+        self._finished[req.rid] = (size, entry)
+        self.kept_bytes += size
         self._evict()
 
     def _evict(self) -> None:
         finished = self._finished
         while finished and (len(finished) > self.max_count or self.kept_bytes > self.max_bytes):
-            rid, req = finished.popitem(last=False)
-            self.kept_bytes -= req.size
+            rid, (size, _) = finished.popitem(last=False)
+            self.kept_bytes -= size
             self.evictions += 1
             self._evicted[rid] = None
             if len(self._evicted) > EVICTED_MEMORY * self.max_count:
@@ -410,14 +438,19 @@ class RequestTable:
 
     async def request_attach(self, params: api.AttachParams, ctx: CallContext) -> Any:
         """``request.attach``: the rest of a request's output, then its outcome."""
-        req = self._running.get(params.rid) or self._finished.get(params.rid)
-        if req is None:
+        found = self._lookup(params.rid)
+        if found is None:
             reason: api.NotKnownReason = "evicted" if params.rid in self._evicted else "unknown"
             seen = params.sent_on is not None and params.sent_on in self._nonces
             raise self._not_known(params.rid, reason, seen=seen and reason == "unknown")
-        return await self._attach(req, ctx, params.offsets)
+        return await self._attach(found, ctx, params.offsets)
 
-    async def _attach(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> Any:
+    async def _attach(
+        self, found: Request | Kept, ctx: CallContext, offsets: dict[str, int]
+    ) -> Any:
+        if isinstance(found, tuple):
+            return _expand(found)  # nothing to replay
+        req = found
         bound = req.bound_to
         if bound is not None:
             if bound[0] == ctx.connection_id:
@@ -452,9 +485,7 @@ class RequestTable:
                 self._unbind(req)
         outcome = req.outcome
         assert outcome is not None
-        if isinstance(outcome, ExecdError):
-            raise type(outcome)(outcome.message, outcome.data)
-        return outcome
+        return _expand(_compact(outcome))
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
@@ -472,12 +503,8 @@ class RequestTable:
                 out.lock.release()
 
     def _bind(self, req: Request, ctx: CallContext) -> None:
-        self._bind_key(req, (ctx.connection_id, ctx.call_id))
+        req.bound_to = (ctx.connection_id, ctx.call_id)
         req.sink = ctx
-
-    def _bind_key(self, req: Request, key: tuple[int, int]) -> None:
-        req.bound_to = key
-        self._bound.setdefault(key[0], {})[key[1]] = req
         if req.grace is not None:
             req.grace.cancel()
             req.grace = None
@@ -488,16 +515,8 @@ class RequestTable:
                 waiter.set_result(None)
 
     def _unbind(self, req: Request) -> None:
-        key = req.bound_to
         req.sink = None
-        if key is None:
-            return
         req.bound_to = None
-        bound = self._bound.get(key[0])
-        if bound is not None and bound.get(key[1]) is req:
-            del bound[key[1]]
-            if not bound:
-                del self._bound[key[0]]
 
     async def wait_attached(self, req: Request) -> None:
         """Wait until a client attaches to ``req`` (its output is at its cap meanwhile)."""
@@ -519,6 +538,23 @@ class RequestTable:
         task = asyncio.get_running_loop().create_task(runner())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _compact(outcome: Outcome) -> Kept:
+    if isinstance(outcome, ExecdError):
+        data = b"" if outcome.data is None else bytes(to_raw(outcome.data))
+        return (None, int(outcome.code), outcome.message, data)
+    return (outcome, 0, "", b"")
+
+
+def _expand(kept: Kept) -> msgspec.Raw:
+    """The kept outcome as the attaching call's answer: its result, or its error raised."""
+    payload, code, message, data = kept
+    if payload is not None:
+        return msgspec.Raw(payload)
+    error = ExecdError(message, msgspec.Raw(data) if data else None)
+    error.code = ErrorCode(code)  # type: ignore[misc]  # this instance's code
+    raise error
 
 
 async def _run_callbacks(callbacks: list[Callback]) -> None:

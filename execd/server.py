@@ -173,7 +173,7 @@ class ServerProtocol(FramedProtocol):
         if self._deadline is not None:
             self._deadline.cancel()
         # Calls with a request id live on for their grace period (execd.requests).
-        survivors = self.server.requests.connection_closed(self.connection_id)
+        survivors = self.server.requests.connection_closed(self.connection_id, self._tasks)
         for call_id, task in self._tasks.items():
             if call_id not in survivors:
                 task.cancel()

@@ -272,6 +272,7 @@ class Client:
         #: Runs when the connection is lost with calls waiting to be reattached.
         self.on_lost: Callable[[], None] | None = None
         self._orphans: list[reattaching.Orphan] = []
+        self._server_nonce = proto.conn.server_nonce
         if reattach_within > 0:
             proto.on_orphans = self._orphaned
         self._ids = itertools.count(1)
@@ -418,10 +419,10 @@ class Client:
             raw = params if isinstance(params, msgspec.Raw) else to_raw(params)
         scoped = method in requests_api.CONNECTION_SCOPED
         if tracked is None and self.request_ids and not scoped:
-            nonce = proto.conn.server_nonce
-            tracked = reattaching.Tracked(reattaching.new_request_id(), method, raw, nonce)
-        rid = None if scoped or tracked is None else tracked.rid
-        frame = proto.conn.send(Call(id=call_id, method=method, params=raw, rid=rid))
+            fresh = reattaching.new_request_id()
+            tracked = reattaching.Tracked(fresh, method, raw, self._server_nonce)
+        wire_rid = None if scoped or tracked is None else tracked.rid
+        frame = proto.conn.send(Call(id=call_id, method=method, params=raw, rid=wire_rid))
         future: asyncio.Future[Reply | Error] = proto.loop.create_future()
         proto.pending[call_id] = future
         if tracked is not None:

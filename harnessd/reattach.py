@@ -60,9 +60,20 @@ log = logging.getLogger("harnessd.reattach")
 DEFAULT_REATTACH_WITHIN = 30.0
 
 
+_POOL = 256
+_pool: list[bytes] = []
+
+
 def new_request_id() -> bytes:
-    """A fresh request id: 128 random bits, so ids cannot be guessed across sessions."""
-    return os.urandom(limits.REQUEST_ID_SIZE)
+    """A fresh request id: 128 random bits, so ids cannot be guessed across sessions.
+
+    Drawn from ``os.urandom`` 256 ids at a time: one system call per 256 calls.
+    """
+    if not _pool:
+        size = limits.REQUEST_ID_SIZE
+        block = os.urandom(size * _POOL)
+        _pool.extend(block[i : i + size] for i in range(0, len(block), size))
+    return _pool.pop()
 
 
 @dataclass(eq=False, slots=True)
