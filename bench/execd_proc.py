@@ -57,6 +57,26 @@ def read_status_kib(pid: int, field: str) -> int:
 
 
 @contextlib.asynccontextmanager
+async def sampling_rss(pid: int, interval: float) -> AsyncIterator[list[float]]:
+    """Sample a process's VmRSS (MiB) every ``interval`` seconds while the block runs."""
+    samples: list[float] = []
+    stop = asyncio.Event()
+
+    async def sampler() -> None:
+        while not stop.is_set():
+            samples.append(read_status_kib(pid, "VmRSS") / 1024)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    task = asyncio.get_running_loop().create_task(sampler())
+    try:
+        yield samples
+    finally:
+        stop.set()
+        await task
+
+
+@contextlib.asynccontextmanager
 async def start_execd(
     workdir: str, *extra: str, timeout: float = 30.0
 ) -> AsyncIterator[ExecdProcess]:

@@ -19,14 +19,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import tempfile
 import time
 
 from bench import ledger_append
 from bench.env import Env
-from bench.execd_proc import read_status_kib, start_execd
+from bench.execd_proc import read_status_kib, sampling_rss, start_execd
 from bench.report import Row, Target
 from bench.retention import retention_row
 from bench.settings import size_label
@@ -180,26 +179,13 @@ async def _sample_idle(pid: int, count: int) -> list[float]:
 
 
 async def _stream(client: ExecdClient, pid: int, size: int) -> tuple[list[float], float, float]:
-    samples: list[float] = []
-    stop = asyncio.Event()
-
-    async def sampler() -> None:
-        while not stop.is_set():
-            samples.append(read_status_kib(pid, "VmRSS") / 1024)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), SAMPLE_INTERVAL)
-
-    task = asyncio.get_running_loop().create_task(sampler())
     started = time.perf_counter()
     received = 0
-    try:
+    async with sampling_rss(pid, SAMPLE_INTERVAL) as samples:
         command = client.run_streaming(["head", "-c", str(size), "/dev/zero"])
         async for _, data in command.output():
             received += len(data)
         result = await command.result()
-    finally:
-        stop.set()
-        await task
     seconds = time.perf_counter() - started
     if received != size or result.exit_code != 0:
         raise RuntimeError(f"streamed {received} of {size} bytes, exit {result.exit_code}")

@@ -15,10 +15,9 @@ transient buffers of the calls in flight).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from bench.env import Env
-from bench.execd_proc import read_status_kib, start_execd
+from bench.execd_proc import read_status_kib, sampling_rss, start_execd
 from bench.report import Row, Target
 from bench.stats import summarize
 from execd.config import Limits
@@ -70,15 +69,6 @@ async def retention_row(env: Env, section: str, idle_mib: float) -> Row:
 async def _load(
     client: ExecdClient, pid: int, echoes: int, noops: int
 ) -> tuple[list[float], float]:
-    samples: list[float] = []
-    stop = asyncio.Event()
-
-    async def sampler() -> None:
-        while not stop.is_set():
-            samples.append(read_status_kib(pid, "VmRSS") / 1024)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), SAMPLE_INTERVAL)
-
     payload = b"x" * PAYLOAD
     queue = iter([True] * echoes + [False] * noops)
 
@@ -90,11 +80,7 @@ async def _load(
             else:
                 await client.noop()
 
-    task = asyncio.get_running_loop().create_task(sampler())
-    try:
+    async with sampling_rss(pid, SAMPLE_INTERVAL) as samples:
         await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
-    finally:
-        stop.set()
-        await task
     peak = read_status_kib(pid, "VmHWM") / 1024
     return samples or [peak], peak
