@@ -144,7 +144,6 @@ class Request:
         "attached",
         "bound_to",
         "call_id",
-        "callbacks",
         "done",
         "grace",
         "lost",
@@ -179,7 +178,6 @@ class Request:
         self.attached: asyncio.Future[None] | None = None
         self.streams: dict[str, _Output] = {}
         self.grace: asyncio.TimerHandle | None = None
-        self.callbacks: list[Callback] = []
         self.lost = False
 
     def output(self, stream: str) -> _Output:
@@ -204,7 +202,10 @@ class RequestContext:
 
     @property
     def connection_id(self) -> int:
-        # Its own: closing the connection it came on must not stop what it started.
+        # Not the connection's own: closing it must not stop what tracked calls started.
+        # One per connection, so that a call can still name another by its call id
+        # (shell.signal), and on_close runs once the connection is closed and every
+        # tracked call it started has ended.
         return self._req.virtual_id
 
     @property
@@ -243,7 +244,7 @@ class RequestContext:
         await origin.push_event(topic, name, data)
 
     def on_close(self, callback: Callback) -> None:
-        self._req.callbacks.append(callback)
+        self._table.on_virtual_close(self._req.virtual_id, callback)
 
 
 class RequestTable:
@@ -264,7 +265,11 @@ class RequestTable:
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._background: set[asyncio.Task[Any]] = set()
-        self._virtual_ids = iter(range(-1, -(2**62), -1))
+        # Per virtual connection (minus the id of the connection its calls came on): how
+        # many of its calls run, and what to run once it is closed and none does.
+        self._virtual_running: dict[int, int] = {}
+        self._virtual_callbacks: dict[int, list[Callback]] = {}
+        self._closed_connections: set[int] = set()
         self.kept_bytes = 0
         self.evictions = 0
         #: Closes a connection by its id (set by the server).
@@ -285,7 +290,8 @@ class RequestTable:
             return method
         if rid in self._running or rid in self._finished or rid in self._evicted:
             return Method(method.name, method.params, functools.partial(self._again, rid))
-        req = Request(rid, method.name, connection_id, call_id, next(self._virtual_ids))
+        req = Request(rid, method.name, connection_id, call_id, -connection_id)
+        self._virtual_running[-connection_id] = self._virtual_running.get(-connection_id, 0) + 1
         req.bound_to = (connection_id, call_id)
         self._running[rid] = req
         handler = functools.partial(self._run, req, method.handler)
@@ -309,6 +315,10 @@ class RequestTable:
         """
         survivors: list[int] = []
         loop = asyncio.get_running_loop()
+        if -connection_id in self._virtual_running:
+            self._closed_connections.add(connection_id)
+        elif -connection_id in self._virtual_callbacks:
+            self._virtual_closed(-connection_id)
         for req in self._running.values():
             if req.origin_connection == connection_id:
                 survivors.append(req.call_id)
@@ -320,6 +330,16 @@ class RequestTable:
                 if req.grace is None:
                     req.grace = loop.call_later(self.grace, self._expire, req)
         return frozenset(survivors)
+
+    def on_virtual_close(self, virtual: int, callback: Callback) -> None:
+        """Run ``callback`` once the connection is closed and its tracked calls have ended."""
+        self._virtual_callbacks.setdefault(virtual, []).append(callback)
+
+    def _virtual_closed(self, virtual: int) -> None:
+        self._closed_connections.discard(-virtual)
+        callbacks = self._virtual_callbacks.pop(virtual, None)
+        if callbacks:
+            self._spawn(_run_callbacks(callbacks))
 
     def close(self) -> None:
         """execd is stopping: cancel every running request."""
@@ -395,9 +415,14 @@ class RequestTable:
         self._running.pop(req.rid, None)
         if req.done is not None and not req.done.done():
             req.done.set_result(None)
-        if req.callbacks:
-            self._spawn(_run_callbacks(req.callbacks))
-            req.callbacks = []
+        virtual = req.virtual_id
+        left = self._virtual_running[virtual] - 1
+        if left:
+            self._virtual_running[virtual] = left
+        else:
+            del self._virtual_running[virtual]
+            if -virtual in self._closed_connections:
+                self._virtual_closed(virtual)
         entry: Request | Kept
         if req.streams:
             entry = req

@@ -167,6 +167,7 @@ async def run_exec(args: argparse.Namespace) -> int:
         def on_signal(signum: int) -> None:
             received.append(signum)
             if len(received) > 1:
+                command.cancel()  # execd stops it (closing alone would leave it its grace)
                 streaming.cancel()
                 return
             task = loop.create_task(_forward_signal(command, signum))

@@ -61,6 +61,9 @@ async def test_dropped_connection_kills_its_commands_but_not_detached_ones(
 ) -> None:
     attached_pid = tmp_path / "attached.pid"
     dropped = await harnessd.connect(execd.host, execd.port, execd.token)
+    # Calls without request ids: those with one outlive the connection for a grace
+    # period instead (tests/integration/test_requests.py).
+    dropped.request_ids = False
     detached = await dropped.run_detached(command="echo begin; sleep 2; echo end")
     assert detached.command_id is not None
     dropped.start("shell.run", {"command": f"echo $$ > {attached_pid}; exec sleep 300"})
