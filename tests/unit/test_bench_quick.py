@@ -72,6 +72,7 @@ def test_targets_are_evaluated_not_asserted(quick_run: tuple[Path, dict[str, Any
         "ledger.large",
         "memory.idle",
         "memory.stream",
+        "memory.retention",
         "turn.concurrent",
         "scale.connect",
         "scale.rss",
