@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar, overload
@@ -40,12 +39,12 @@ from harnessd.errors import (
     remote_error,
 )
 from protocol import limits
-from protocol.bridge import FramedProtocol, InboundStream, TransportClosed
+from protocol.bridge import FramedProtocol
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
-from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
+from protocol.messages import Abort, Call, Cancel, Error, Event, Ping, Pong, Reply
 
 T = TypeVar("T")
 
@@ -78,12 +77,41 @@ class ClientProtocol(FramedProtocol):
         # Events may arrive before the reply that names their topic; keep a few.
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
-        self.lost: BaseException | None = None
+        self.lost: Exception | None = None
+
+    def start_call(
+        self, method: str, params: msgspec.Raw
+    ) -> tuple[int, asyncio.Future[Reply | Error]]:
+        """Send a Call; return its id (chosen by the state machine) and its answer's future."""
+        call_id = self.client_conn.next_call_id()
+        self.send(Call(id=call_id, method=method, params=params))
+        future: asyncio.Future[Reply | Error] = self.loop.create_future()
+        self.pending[call_id] = future
+        return call_id, future
+
+    def is_pending(self, call_id: int, future: asyncio.Future[Reply | Error]) -> bool:
+        """Whether ``future`` still waits for the answer to ``call_id``."""
+        return self.pending.get(call_id) is future
+
+    def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
+        """The queue of server-pushed events for ``topic`` (None marks the end)."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        for event in self._take_early(topic):
+            queue.put_nowait(event)
+        self.subscriptions[topic] = queue
+        if self.closed:
+            queue.put_nowait(None)
+        return queue
+
+    def unsubscribe(self, topic: int) -> None:
+        self.subscriptions.pop(topic, None)
+
+    def closed_error(self) -> Exception:
+        return self.lost or ConnectionLost("connection to execd closed")
 
     def handle_event(self, event: ConnectionEvent) -> None:
         if isinstance(event, Reply | Error):
             future = self.pending.pop(event.id, None)
-            self.drop_streams(event.id)
             if future is not None and not future.done():
                 future.set_result(event)
         elif isinstance(event, Event):
@@ -123,7 +151,7 @@ class ClientProtocol(FramedProtocol):
             _, dropped = self.early_events.popitem(last=False)
             self.early_count -= len(dropped)
 
-    def take_early(self, topic: int) -> list[Event]:
+    def _take_early(self, topic: int) -> list[Event]:
         """Events for ``topic`` that arrived before anyone subscribed to it."""
         events = self.early_events.pop(topic, [])
         self.early_count -= len(events)
@@ -134,7 +162,7 @@ class ClientProtocol(FramedProtocol):
             (isinstance(reason, RemoteProtocolError) and reason.code in _FOREIGN_PEER)
             or not isinstance(reason, ProtocolError | HandshakeFailed | ProtocolViolation)
         ):
-            failure: BaseException = NotAnExecd(
+            failure: Exception = NotAnExecd(
                 "it answered with bytes that are not the execd protocol"
                 if isinstance(reason, RemoteProtocolError)
                 else "it closed the connection without answering the handshake"
@@ -179,11 +207,11 @@ class CallHandle:
         The stream's buffer is bound now rather than at the first iteration:
         a reply that ends the call before iteration starts must not drop it.
         """
-        return self._client._iter_stream(self._client._proto.inbound(self.id, name))
+        return self._client._proto.stream(self.id, name).chunks()
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
-        await self._client._send_stream(self.id, stream, data, end=end)
+        await self._client._proto.send_stream(self.id, stream, data, end=end)
 
     @overload
     async def result(self) -> Any: ...
@@ -217,7 +245,6 @@ class Client:
     def __init__(self, proto: ClientProtocol, info: HandshakeComplete, keepalive: float | None):
         self._proto = proto
         self.info = info
-        self._ids = itertools.count(1)
         self._keepalive_interval = keepalive or 0.0
         self._pings = 0
         self._unanswered = 0
@@ -259,7 +286,7 @@ class Client:
             answer = await future
         except asyncio.CancelledError:
             # Still pending means no answer came: cancel the call in execd too.
-            if self._proto.pending.get(call_id) is future:
+            if self._proto.is_pending(call_id, future):
                 self._send_cancel(call_id)
             raise
         if isinstance(answer, Reply):
@@ -271,16 +298,10 @@ class Client:
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        for event in self._proto.take_early(topic):
-            queue.put_nowait(event)
-        self._proto.subscriptions[topic] = queue
-        if self._proto.closed:
-            queue.put_nowait(None)
-        return queue
+        return self._proto.subscribe(topic)
 
     def unsubscribe(self, topic: int) -> None:
-        self._proto.subscriptions.pop(topic, None)
+        self._proto.unsubscribe(topic)
 
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
@@ -301,22 +322,13 @@ class Client:
 
     def _send_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Reply | Error]]:
         """Frame and send a Call; return its id and the future of its answer."""
-        proto = self._proto
-        if proto.closed:
-            raise proto.lost or ConnectionLost("connection to execd closed")
-        call_id = next(self._ids)
         raw = _EMPTY_PARAMS if params is None else to_raw(params)
-        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
-        future: asyncio.Future[Reply | Error] = proto.loop.create_future()
-        proto.pending[call_id] = future
-        proto.write(frame)
-        return call_id, future
+        return self._proto.start_call(method, raw)
 
     def _send_cancel(self, call_id: int) -> None:
         """Ask execd to cancel a call in flight (nothing happens if it cannot be sent)."""
-        with contextlib.suppress(ConnectionLost, TransportClosed, Exception):
-            proto = self._proto
-            proto.write(proto.conn.send(Cancel(id=call_id)))
+        with contextlib.suppress(Exception):
+            self._proto.send(Cancel(id=call_id))
 
     def _unpack(self, answer: Reply | Error, type: Any) -> Any:
         if isinstance(answer, Error):
@@ -328,24 +340,6 @@ class Client:
             return from_raw(answer.result, type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
-
-    async def _iter_stream(self, source: InboundStream) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                data = await source.read()
-            except TransportClosed:
-                if self._proto.lost is not None:
-                    raise self._proto.lost from None
-                return
-            if data is None:
-                return
-            yield data
-
-    async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
-        try:
-            await self._proto.send_stream(call_id, stream, data, end=end)
-        except TransportClosed:
-            raise self._proto.lost or ConnectionLost("connection to execd closed") from None
 
     def _keepalive_tick(self) -> bool:
         """Ping execd, or give the connection up; False when done with pings.
@@ -372,7 +366,7 @@ class Client:
         self._pings += 1
         self._unanswered += 1
         try:
-            proto.write(proto.conn.ping(self._pings))
+            proto.send(Ping(seq=self._pings))
         except Exception:  # a transport closing under the write: the next tick sees it
             return not proto.closed
         return True
