@@ -29,23 +29,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from protocol.messages import (
-    Abort,
-    Auth,
-    Call,
-    Cancel,
-    Challenge,
-    Chunk,
-    Credit,
-    Error,
-    Event,
-    Hello,
-    Message,
-    Ping,
-    Pong,
-    Reply,
-    Welcome,
-)
+from protocol import messages as m
+from protocol.messages import Message
 
 
 class State(enum.Enum):
@@ -70,26 +55,28 @@ PEER: Final = {Role.CLIENT: Role.SERVER, Role.SERVER: Role.CLIENT}
 #: accepted once CLOSED: received bytes are ignored.
 ACCEPTS: Final[dict[Role, dict[State, frozenset[type[Message]]]]] = {
     Role.SERVER: {
-        State.HANDSHAKE: frozenset({Hello, Auth, Abort}),
-        State.OPEN: frozenset({Call, Chunk, Credit, Cancel, Ping, Pong, Abort}),
+        State.HANDSHAKE: frozenset({m.Hello, m.Auth, m.Abort}),
+        State.OPEN: frozenset({m.Call, m.Chunk, m.Credit, m.Cancel, m.Ping, m.Pong, m.Abort}),
         State.CLOSED: frozenset(),
     },
     Role.CLIENT: {
-        State.HANDSHAKE: frozenset({Challenge, Welcome, Abort}),
-        State.OPEN: frozenset({Reply, Error, Chunk, Credit, Event, Ping, Pong, Abort}),
+        State.HANDSHAKE: frozenset({m.Challenge, m.Welcome, m.Abort}),
+        State.OPEN: frozenset(
+            {m.Reply, m.Error, m.Chunk, m.Credit, m.Event, m.Ping, m.Pong, m.Abort}
+        ),
         State.CLOSED: frozenset(),
     },
 }
 
 #: role -> the handshake messages it accepts, in the order they must come.
 HANDSHAKE_ORDER: Final[dict[Role, tuple[type[Message], ...]]] = {
-    Role.SERVER: (Hello, Auth),
-    Role.CLIENT: (Challenge, Welcome),
+    Role.SERVER: (m.Hello, m.Auth),
+    Role.CLIENT: (m.Challenge, m.Welcome),
 }
 
 #: role -> what an application may ask that role's machine to send while OPEN:
 #: what the peer accepts when open. (The machine sends the handshake messages
-#: itself, and the Abort through ``close``.)
+#: itself, and the m.Abort through ``close``.)
 SENDS: Final[dict[Role, frozenset[type[Message]]]] = {
     role: ACCEPTS[PEER[role]][State.OPEN] for role in Role
 }

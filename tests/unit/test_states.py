@@ -9,29 +9,12 @@ import pytest
 
 import protocol
 from protocol import limits
+from protocol import messages as m
 from protocol.codec import ENCODER
 from protocol.connection import ClientConnection, Connection, ServerConnection
 from protocol.errors import LocalProtocolError, UnexpectedMessage
 from protocol.framing import encode_frame
-from protocol.messages import (
-    MESSAGE_TYPES,
-    Abort,
-    Auth,
-    Call,
-    Cancel,
-    Challenge,
-    Chunk,
-    Credit,
-    Error,
-    Event,
-    Hello,
-    Message,
-    Ping,
-    Pong,
-    Reply,
-    Welcome,
-    tag_of,
-)
+from protocol.messages import MESSAGE_TYPES, Message, tag_of
 from protocol.states import ACCEPTS, HANDSHAKE_ORDER, PEER, SENDS, Role, State
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
@@ -110,20 +93,23 @@ def test_the_machines_are_built_from_the_tables(machine: type[Connection], role:
 
 
 SAMPLES: dict[type[Message], Message] = {
-    Hello: Hello(versions=[1], nonce=bytes(32), ciphers=["none"], max_frame=65536, window=65536),
-    Challenge: Challenge(version=1, nonce=bytes(32), cipher="none", max_frame=65536, window=65536),
-    Auth: Auth(mac=bytes(32)),
-    Welcome: Welcome(mac=bytes(32)),
-    Call: Call(id=1, method="m"),
-    Reply: Reply(id=1),
-    Error: Error(id=1, code=100),
-    Chunk: Chunk(id=1, stream="s", seq=0),
-    Cancel: Cancel(id=1),
-    Credit: Credit(id=1, stream="s", bytes=1),
-    Event: Event(topic=1, name="e"),
-    Ping: Ping(seq=1),
-    Pong: Pong(seq=1),
-    Abort: Abort(code=15),
+    type(sample): sample
+    for sample in (
+        m.Hello(versions=[1], nonce=bytes(32), ciphers=["none"], max_frame=65536, window=65536),
+        m.Challenge(version=1, nonce=bytes(32), cipher="none", max_frame=65536, window=65536),
+        m.Auth(mac=bytes(32)),
+        m.Welcome(mac=bytes(32)),
+        m.Call(id=1, method="m"),
+        m.Reply(id=1),
+        m.Error(id=1, code=100),
+        m.Chunk(id=1, stream="s", seq=0),
+        m.Cancel(id=1),
+        m.Credit(id=1, stream="s", bytes=1),
+        m.Event(topic=1, name="e"),
+        m.Ping(seq=1),
+        m.Pong(seq=1),
+        m.Abort(code=15),
+    )
 }
 
 
