@@ -24,7 +24,8 @@ from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
 from execd.server import Server
 from protocol import limits
-from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
+from protocol.rpc import core
+from protocol.rpc.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
 
 log = logging.getLogger("execd")
 
@@ -104,10 +105,10 @@ class Execd:
 
     def _core_methods(self) -> list[Method]:
         return [
-            Method("server.noop", NoParams, self.server_noop),
-            Method("server.echo", EchoParams, self.server_echo),
-            Method("server.info", NoParams, self.server_info),
-            Method("session.close", CloseParams, self.session_close),
+            Method.of(core.NOOP, self.server_noop),
+            Method.of(core.ECHO, self.server_echo),
+            Method.of(core.INFO, self.server_info),
+            Method.of(core.CLOSE, self.session_close),
         ]
 
     async def server_noop(self, params: NoParams, ctx: CallContext) -> None:

@@ -7,6 +7,8 @@ Struct). A handler reports failure by raising an ``execd.errors.ExecdError``.
 A handler is the method named after its RPC with the dot as an underscore
 (``shell.run`` is ``shell_run``, ``watch.wait_for_path`` is
 ``watch_wait_for_path``), so searching for a method's name finds its handler.
+A capability binds each handler to the method's one declaration in
+:mod:`protocol.rpc` with :meth:`Method.of`.
 
 Cancellation: when the client cancels a call, or its connection drops, the
 dispatcher cancels the handler's task (``asyncio.CancelledError``). Handlers
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from protocol.errors import ConnectionLost
+from protocol.rpc import Rpc
 
 __all__ = ["CallContext", "ConnectionLost", "Handler", "Method"]
 
@@ -69,12 +72,26 @@ class CallContext(Protocol):
 
 
 Handler = Callable[[Any, CallContext], Awaitable[Any]]
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One entry of the dispatch table: how to decode params, what to run."""
+    """One entry of the dispatch table: a declared RPC and the handler that serves it."""
 
-    name: str
-    params: type
+    rpc: Rpc[Any, Any]
     handler: Handler
+
+    @classmethod
+    def of(cls, rpc: Rpc[P, R], handler: Callable[[P, CallContext], Awaitable[R]]) -> Method:
+        """Bind ``handler`` to ``rpc``; mypy holds its params and result to the declaration."""
+        return cls(rpc, handler)
+
+    @property
+    def name(self) -> str:
+        return self.rpc.name
+
+    @property
+    def params(self) -> type:
+        return self.rpc.params

@@ -40,8 +40,8 @@ from execd.context import CallContext, Method
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
 from execd.workers import Work, WorkerPool
-from protocol.api import files as api
-from protocol.api.files import (
+from protocol.rpc import files as rpc
+from protocol.rpc.files import (
     DATA_STREAM,
     ChmodParams,
     ChmodResult,
@@ -133,15 +133,15 @@ class FilesCapability:
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return [
-            Method(api.READ, ReadParams, self.files_read),
-            Method(api.WRITE, WriteParams, self.files_write),
-            Method(api.STAT, StatParams, self.files_stat),
-            Method(api.LIST, ListParams, self.files_list),
-            Method(api.MKDIR, MkdirParams, self.files_mkdir),
-            Method(api.REMOVE, RemoveParams, self.files_remove),
-            Method(api.MOVE, MoveParams, self.files_move),
-            Method(api.CHMOD, ChmodParams, self.files_chmod),
-            Method(api.SHA256, Sha256Params, self.files_sha256),
+            Method.of(rpc.READ, self.files_read),
+            Method.of(rpc.WRITE, self.files_write),
+            Method.of(rpc.STAT, self.files_stat),
+            Method.of(rpc.LIST, self.files_list),
+            Method.of(rpc.MKDIR, self.files_mkdir),
+            Method.of(rpc.REMOVE, self.files_remove),
+            Method.of(rpc.MOVE, self.files_move),
+            Method.of(rpc.CHMOD, self.files_chmod),
+            Method.of(rpc.SHA256, self.files_sha256),
         ]
 
     def _work(self, ctx: CallContext) -> Work:

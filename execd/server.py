@@ -410,10 +410,6 @@ class Server:
             if not self._authenticated:
                 self._lease_since = time.monotonic()
 
-    @property
-    def connection_count(self) -> int:
-        return len(self._unauthenticated) + len(self._authenticated)
-
     def spawn_background(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` as a task the server keeps a reference to."""
 

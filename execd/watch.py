@@ -67,7 +67,7 @@ from execd.inotify import (
 from execd.path_wait import PathWaiter
 from execd.watch_queue import EventQueue
 from execd.watch_tree import GONE_ERRNOS, DirectoryTree, Node, watch_error
-from protocol.api.watch import (
+from protocol.rpc.watch import (
     CHANGE_KINDS,
     MAX_UNWATCHED_REPORTED,
     SUBSCRIBE,
@@ -431,9 +431,9 @@ class WatchCapability:
     def methods(self) -> list[Method]:
         """The dispatch entries of this capability."""
         return [
-            Method(SUBSCRIBE, SubscribeParams, self.watch_subscribe),
-            Method(UNSUBSCRIBE, UnsubscribeParams, self.watch_unsubscribe),
-            Method(WAIT_FOR_PATH, WaitForPathParams, self.watch_wait_for_path),
+            Method.of(SUBSCRIBE, self.watch_subscribe),
+            Method.of(UNSUBSCRIBE, self.watch_unsubscribe),
+            Method.of(WAIT_FOR_PATH, self.watch_wait_for_path),
         ]
 
     def subscriptions(self, connection_id: int) -> list[int]:

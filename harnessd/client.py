@@ -24,7 +24,7 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -45,8 +45,12 @@ from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComp
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
 from protocol.messages import Abort, Call, Cancel, Error, Event, Ping, Pong, Reply
+from protocol.rpc import Rpc
+from protocol.rpc.core import NoParams
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 
 _EMPTY_PARAMS = msgspec.Raw(b"\x80")
 #: Violations only a peer that does not speak the protocol commits before its Challenge.
@@ -193,13 +197,20 @@ class ClientProtocol(FramedProtocol):
             queue.put_nowait(None)
 
 
-class CallHandle:
+class CallHandle(Generic[R]):
     """One call in flight: its streams, its result, and cancellation."""
 
-    def __init__(self, client: Client, call_id: int, future: asyncio.Future[Reply | Error]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        call_id: int,
+        future: asyncio.Future[Reply | Error],
+        result_type: type[R] | Any = Any,
+    ) -> None:
         self._client = client
         self.id = call_id
         self._future = future
+        self._result_type = result_type
 
     def stream(self, name: str) -> AsyncIterator[bytes]:
         """Iterate the bytes execd sends on stream ``name`` until it ends.
@@ -214,19 +225,23 @@ class CallHandle:
         await self._client._proto.send_stream(self.id, stream, data, end=end)
 
     @overload
-    async def result(self) -> Any: ...
+    async def result(self) -> R: ...
 
     @overload
     async def result(self, type: type[T]) -> T: ...
 
-    async def result(self, type: Any = Any) -> Any:
-        """Wait for the final answer; raise the typed RemoteError on failure."""
+    async def result(self, type: Any = None) -> Any:
+        """Wait for the final answer; raise the typed RemoteError on failure.
+
+        The result is decoded as the RPC's declared result type (``type``
+        only for a call started by method name).
+        """
         try:
             answer = await asyncio.shield(self._future)
         except asyncio.CancelledError:
             self.cancel()
             raise
-        return self._client._unpack(answer, type)
+        return self._client._unpack(answer, self._result_type if type is None else type)
 
     def cancel(self) -> None:
         """Ask execd to cancel the call; its answer will be a Cancelled error."""
@@ -263,10 +278,22 @@ class Client:
     def cipher(self) -> str:
         return self.info.cipher
 
-    def start(self, method: str, params: Any = None) -> CallHandle:
+    @overload
+    def start(self, method: Rpc[P, R], params: P) -> CallHandle[R]: ...
+
+    @overload
+    def start(self, method: str, params: Any = None) -> CallHandle[Any]: ...
+
+    def start(self, method: Rpc[Any, Any] | str, params: Any = None) -> CallHandle[Any]:
         """Send a call and return its handle without waiting."""
+        if isinstance(method, Rpc):
+            call_id, future = self._send_call(method.name, params)
+            return CallHandle(self, call_id, future, method.result)
         call_id, future = self._send_call(method, params)
         return CallHandle(self, call_id, future)
+
+    @overload
+    async def call(self, method: Rpc[P, R], params: P) -> R: ...
 
     @overload
     async def call(self, method: str, params: Any = None) -> Any: ...
@@ -274,14 +301,21 @@ class Client:
     @overload
     async def call(self, method: str, params: Any, type: type[T]) -> T: ...
 
-    async def call(self, method: str, params: Any = None, type: Any = Any) -> Any:
-        """Call ``method`` and return its result decoded as ``type``.
+    async def call(self, method: Rpc[Any, Any] | str, params: Any = None, type: Any = Any) -> Any:
+        """Call ``method`` and return its result.
 
-        The same as ``await self.start(method, params).result(type)`` without
-        the handle: nothing else can wait on this call's future, so it is
-        awaited directly (no shield, no extra trip through the event loop).
+        ``method`` is an RPC declared in :mod:`protocol.rpc` (its params and
+        result types come with it), or a bare method name, whose result is
+        decoded as ``type`` (for methods this client does not declare).
+        The same as ``await self.start(method, params).result()`` without the
+        handle: nothing else can wait on this call's future, so it is awaited
+        directly (no shield, no extra trip through the event loop).
         """
-        call_id, future = self._send_call(method, params)
+        if isinstance(method, Rpc):
+            name, type = method.name, method.result
+        else:
+            name = method
+        call_id, future = self._send_call(name, params)
         try:
             answer = await future
         except asyncio.CancelledError:
@@ -322,7 +356,8 @@ class Client:
 
     def _send_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Reply | Error]]:
         """Frame and send a Call; return its id and the future of its answer."""
-        raw = _EMPTY_PARAMS if params is None else to_raw(params)
+        # NoParams is the empty map: spare the no-op round trip its encoding.
+        raw = _EMPTY_PARAMS if params is None or type(params) is NoParams else to_raw(params)
         return self._proto.start_call(method, raw)
 
     def _send_cancel(self, call_id: int) -> None:

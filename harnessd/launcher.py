@@ -64,7 +64,7 @@ from harnessd.opening import Opening
 from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError
 from harnessd.token import new_token
 from protocol import limits
-from protocol.api.core import CloseReport
+from protocol.rpc.core import CloseReport
 
 log = logging.getLogger("harnessd.launcher")
 
@@ -259,7 +259,7 @@ class Session:
     async def _close_call(self, client: ExecdClient) -> CloseReport:
         budget = self._options.cleanup_timeout
         async with asyncio.timeout(budget + 10.0):
-            return await client.close_session(shutdown=True, timeout=budget)
+            return await client.shutdown(timeout=budget)
 
     async def _close_remote(self) -> CloseReport:
         try:
@@ -659,7 +659,7 @@ class _Plan:
                 host, announced.port, token, encrypt=self.options.encrypt, timeout=5.0
             )
             async with client:
-                await client.close_session(shutdown=True, timeout=self.options.cleanup_timeout)
+                await client.shutdown(timeout=self.options.cleanup_timeout)
 
     async def _late_announcement(self, token: str) -> _Announcement | None:
         loop = asyncio.get_running_loop()

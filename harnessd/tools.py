@@ -42,7 +42,7 @@ import msgspec
 from harnessd.api import ExecdClient
 from harnessd.errors import HarnessError, RemoteError, SessionBusy
 from harnessd.models import ToolCall, ToolSpec
-from protocol.api import services, sessions, shell
+from protocol.rpc import services, sessions, shell
 
 MAX_PATH = 4096
 MAX_COMMAND = 1024 * 1024
@@ -493,7 +493,7 @@ class Toolbox:
         )
         handle = self._client().start(shell.RUN, params)
         try:
-            result = await handle.result(shell.RunResult)
+            result = await handle.result()
         except asyncio.CancelledError:
             # handle.result() already asked execd to cancel; wait for its word that it did.
             with contextlib.suppress(Exception):
@@ -619,7 +619,7 @@ class Toolbox:
         deadline = loop.time() + self.config.cancel_grace
         while True:
             try:
-                result = await client.call(sessions.RUN, params, sessions.RunResult)
+                result = await client.call(sessions.RUN, params)
             except SessionBusy:
                 # A command interrupted by an earlier turn may still be winding down.
                 if name not in self._interrupted or loop.time() >= deadline:
