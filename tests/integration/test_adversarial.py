@@ -54,6 +54,7 @@ from protocol.messages import (
     Message,
     Reply,
 )
+from protocol.rpc import Rpc
 from protocol.rpc import files as files_rpc
 from protocol.rpc import ledger as ledger_rpc
 from protocol.rpc import shell as shell_rpc
@@ -238,10 +239,10 @@ class RawPeer:
                     raise AssertionError(f"handshake refused: {event}")
         raise AssertionError("execd closed the connection during the handshake")
 
-    def start(self, method: str, params: Any = None) -> int:
+    def start(self, method: Rpc[Any, Any] | str, params: Any = None) -> int:
         call_id = self.conn.next_call_id()
         raw = to_raw(params) if params is not None else msgspec.Raw(b"\x80")
-        self.send_message(Call(id=call_id, method=method, params=raw))
+        self.send_message(Call(id=call_id, method=str(method), params=raw))
         return call_id
 
     def wait_answer(self, call_id: int) -> Reply | Error:
