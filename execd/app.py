@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
 from execd.server import Server
@@ -104,12 +104,7 @@ class Execd:
         self.methods[method.name] = method
 
     def _core_methods(self) -> list[Method]:
-        return [
-            Method.of(core.NOOP, self.server_noop),
-            Method.of(core.ECHO, self.server_echo),
-            Method.of(core.INFO, self.server_info),
-            Method.of(core.CLOSE, self.session_close),
-        ]
+        return bind(self, core.RPCS)
 
     async def server_noop(self, params: NoParams, ctx: CallContext) -> None:
         return None

@@ -7,8 +7,8 @@ Struct). A handler reports failure by raising an ``execd.errors.ExecdError``.
 A handler is the method named after its RPC with the dot as an underscore
 (``shell.run`` is ``shell_run``, ``watch.wait_for_path`` is
 ``watch_wait_for_path``), so searching for a method's name finds its handler.
-A capability binds each handler to the method's one declaration in
-:mod:`protocol.rpc` with :meth:`Method.of`.
+A capability's dispatch entries are its methods' declarations in
+:mod:`protocol.rpc`, each bound to the handler of that name (:func:`bind`).
 
 Cancellation: when the client cancels a call, or its connection drops, the
 dispatcher cancels the handler's task (``asyncio.CancelledError``). Handlers
@@ -21,14 +21,14 @@ stream with :meth:`CallContext.receive`. Handlers never touch sockets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from protocol.errors import ConnectionLost
 from protocol.rpc import Rpc
 
-__all__ = ["CallContext", "ConnectionLost", "Handler", "Method"]
+__all__ = ["CallContext", "ConnectionLost", "Handler", "Method", "bind", "handler_name"]
 
 
 class CallContext(Protocol):
@@ -72,8 +72,6 @@ class CallContext(Protocol):
 
 
 Handler = Callable[[Any, CallContext], Awaitable[Any]]
-P = TypeVar("P")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +81,6 @@ class Method:
     rpc: Rpc[Any, Any]
     handler: Handler
 
-    @classmethod
-    def of(cls, rpc: Rpc[P, R], handler: Callable[[P, CallContext], Awaitable[R]]) -> Method:
-        """Bind ``handler`` to ``rpc``; mypy holds its params and result to the declaration."""
-        return cls(rpc, handler)
-
     @property
     def name(self) -> str:
         return self.rpc.name
@@ -95,3 +88,17 @@ class Method:
     @property
     def params(self) -> type:
         return self.rpc.params
+
+
+def handler_name(rpc: Rpc[Any, Any]) -> str:
+    """The name of the handler of ``rpc``: ``files.read`` is ``files_read``."""
+    return rpc.name.replace(".", "_")
+
+
+def bind(capability: object, rpcs: Iterable[Rpc[Any, Any]]) -> list[Method]:
+    """The dispatch entries of a capability: each of ``rpcs`` with its handler, found by name.
+
+    ``tests/unit/test_app.py`` holds each handler's annotations to its
+    declaration (params and result types).
+    """
+    return [Method(rpc, getattr(capability, handler_name(rpc))) for rpc in rpcs]

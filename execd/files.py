@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from execd import fsops
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
 from execd.workers import Work, WorkerPool
@@ -132,17 +132,7 @@ class FilesCapability:
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method.of(rpc.READ, self.files_read),
-            Method.of(rpc.WRITE, self.files_write),
-            Method.of(rpc.STAT, self.files_stat),
-            Method.of(rpc.LIST, self.files_list),
-            Method.of(rpc.MKDIR, self.files_mkdir),
-            Method.of(rpc.REMOVE, self.files_remove),
-            Method.of(rpc.MOVE, self.files_move),
-            Method.of(rpc.CHMOD, self.files_chmod),
-            Method.of(rpc.SHA256, self.files_sha256),
-        ]
+        return bind(self, rpc.RPCS)
 
     def _work(self, ctx: CallContext) -> Work:
         """The blocking units of one call, in its connection's share of the pool."""

@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from typing import ParamSpec, TypeVar
 
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import EntryTooLarge, ShuttingDown, from_oserror
 from execd.fit import fit_list, result_budget
 from execd.ledger_store import (
@@ -295,13 +295,7 @@ class LedgerCapability:
 
     def methods(self) -> list[Method]:
         """The dispatch-table entries of this capability."""
-        return [
-            Method.of(rpc.APPEND, self.ledger_append),
-            Method.of(rpc.APPEND_LARGE, self.ledger_append_large),
-            Method.of(rpc.HEAD, self.ledger_head),
-            Method.of(rpc.READ, self.ledger_read),
-            Method.of(rpc.LIST, self.ledger_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Finish running appends and release every file."""

@@ -60,7 +60,7 @@ from execd.commands import (
     title_of,
 )
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import (
     ExecdError,
     InvalidParams,
@@ -198,14 +198,7 @@ class ServicesCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method.of(rpc.START, self.services_start),
-            Method.of(rpc.STATUS, self.services_status),
-            Method.of(rpc.LOGS, self.services_logs),
-            Method.of(rpc.STOP, self.services_stop),
-            Method.of(rpc.RESTART, self.services_restart),
-            Method.of(rpc.LIST, self.services_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Stop every service (SIGTERM, grace, SIGKILL, sweep) and forget them all."""

@@ -76,7 +76,7 @@ from execd.commands import (
     private_root,
 )
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import (
     LimitExceeded,
     NoSuchSession,
@@ -274,13 +274,7 @@ class SessionsCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method.of(rpc.OPEN, self.sessions_open),
-            Method.of(rpc.RUN, self.sessions_run),
-            Method.of(rpc.INTERRUPT, self.sessions_interrupt),
-            Method.of(rpc.CLOSE, self.sessions_close),
-            Method.of(rpc.LIST, self.sessions_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Kill every session and everything it started."""

@@ -50,7 +50,7 @@ from typing import Any
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
-from execd.context import CallContext, ConnectionLost, Method
+from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
     AlreadyAttached,
     AlreadyExited,
@@ -345,14 +345,7 @@ class ShellCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method.of(rpc.RUN, self.shell_run),
-            Method.of(rpc.SIGNAL, self.shell_signal),
-            Method.of(rpc.LIST, self.shell_list),
-            Method.of(rpc.ATTACH, self.shell_attach),
-            Method.of(rpc.STATUS, self.shell_status),
-            Method.of(rpc.WAIT, self.shell_wait),
-        ]
+        return bind(self, rpc.RPCS)
 
     @property
     def live_processes(self) -> int:

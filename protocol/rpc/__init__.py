@@ -5,8 +5,9 @@ One module per capability (:mod:`~protocol.rpc.core`, :mod:`~protocol.rpc.files`
 :mod:`~protocol.rpc.sessions`, :mod:`~protocol.rpc.watch`,
 :mod:`~protocol.rpc.ledger`) holds the Structs of its methods and, at its end,
 one :class:`Rpc` per method. Both ends use those declarations and nothing
-else: execd binds each to its handler (``execd.context.Method.of``, whose
-types mypy holds against the declaration) and the client calls through them
+else: execd binds each to the handler named after it
+(``execd.context.bind``; a test holds the handler's annotations to the
+declaration) and the client calls through them
 (``await client.call(files.STAT, files.StatParams(path=p))`` is typed
 :class:`~protocol.rpc.files.StatResult`). PROTOCOL.md section 17 lists them
 all; ``tests/unit/test_rpc.py`` holds that list against :func:`all_rpcs`.
@@ -22,8 +23,9 @@ How to add an RPC
    ``FROB = Rpc("files.frob", FrobParams, FrobResult)``; add it to the
    module's ``RPCS``.
 2. In execd's capability module, write the handler named after the method
-   (``files.frob`` is ``files_frob``) and bind it in ``methods()``:
-   ``Method.of(files.FROB, self.files_frob)``.
+   (``files.frob`` is ``files_frob``), annotated with the declared params
+   and result types; the capability's ``methods()`` (``bind(self,
+   files.RPCS)``) picks it up.
 3. In ``harnessd/api.py`` (or ``api_services.py``), add the typed client
    method: ``return await self.call(files.FROB, files.FrobParams(...))``.
 4. Document it in PROTOCOL.md section 15 and add its row to section 17.

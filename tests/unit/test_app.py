@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import typing
 
 import pytest
 
@@ -23,6 +24,14 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Method]:
 def methods(table: dict[str, Method]) -> dict[str, str]:
     """Every RPC method execd serves, with the name of its handler."""
     return {name: method.handler.__name__ for name, method in table.items()}
+
+
+def test_each_handler_is_annotated_with_its_declared_types(table: dict[str, Method]) -> None:
+    """What mypy would check of a typed binding: params and result as declared."""
+    for name, method in table.items():
+        hints = typing.get_type_hints(method.handler)
+        assert hints["params"] is method.rpc.params, name
+        assert hints["return"] == method.rpc.result, name
 
 
 def test_execd_serves_exactly_the_declared_rpcs(table: dict[str, Method]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from execd.config import Config, Limits
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.server import Server, ServerProtocol
 from harnessd.api import ExecdClient
 from harnessd.client import ClientProtocol
@@ -84,14 +84,7 @@ class Handlers:
         return params.topic
 
     def table(self) -> dict[str, Method]:
-        methods = [
-            Method.of(core.NOOP, self.server_noop),
-            Method.of(core.ECHO, self.server_echo),
-            Method.of(DOWNLOAD, self.test_download),
-            Method.of(UPLOAD, self.test_upload),
-            Method.of(HANG, self.test_hang),
-            Method.of(PUSH, self.test_push),
-        ]
+        methods = bind(self, [core.NOOP, core.ECHO, DOWNLOAD, UPLOAD, HANG, PUSH])
         return {method.name: method for method in methods}
 
 
