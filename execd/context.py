@@ -22,7 +22,7 @@ stream with :meth:`CallContext.receive`. Handlers never touch sockets.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.errors import ConnectionLost
@@ -80,14 +80,13 @@ class Method:
 
     rpc: Rpc[Any, Any]
     handler: Handler
+    #: The RPC's name and params type, kept at hand for the dispatcher.
+    name: str = field(init=False)
+    params: type = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.rpc.name
-
-    @property
-    def params(self) -> type:
-        return self.rpc.params
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.rpc.name)
+        object.__setattr__(self, "params", self.rpc.params)
 
 
 def handler_name(rpc: Rpc[Any, Any]) -> str:

@@ -190,7 +190,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self._flush_outbox()
             self.abort(exc)
             return
-        self._flush_outbox()
+        out = self.conn.data_to_send()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out)
         for event in events:
             kind = type(event)
             if kind is Chunk:
@@ -253,7 +255,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
             if self.conn.state is State.CLOSED:
                 raise self.closed_error() from None
             raise
-        self._write(frame)
+        transport = self.transport
+        if transport is None:
+            raise self.closed_error()
+        transport.write(frame)
         kind = type(message)
         if kind is Reply or kind is Error:
             self.drop_streams(cast(Reply | Error, message).id)

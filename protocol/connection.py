@@ -294,10 +294,6 @@ class Connection:
         entry.in_left += nbytes
         return self._frame(Credit(id=call_id, stream=stream, bytes=nbytes))
 
-    def ping(self, seq: int) -> Frame:
-        """A Ping frame; the peer answers with a Pong event carrying ``seq``."""
-        return self.send(Ping(seq=seq))
-
     def close(self, code: ErrorCode = ErrorCode.GOING_AWAY, message: str = "") -> bytes:
         """Move to CLOSED; return an Abort frame to send first (empty if already closed)."""
         if self.state is State.CLOSED:

@@ -296,7 +296,7 @@ def test_connection_machines_produce_the_spec_frames(index: int) -> None:
             info=info,
         )
     ]
-    ping = client.ping(1)
+    ping = client.send(Ping(seq=1))
     assert bytes(ping).hex() == block["sealed ping(seq=1) frame, counter 0"]
     assert server.receive_data(ping) == []
     assert client.receive_data(server.data_to_send()) == [Pong(seq=1)]
@@ -507,7 +507,7 @@ def test_protection_starts_after_auth_and_after_welcome(case: vectors.VectorInpu
     # Client frames after the Auth are sealed with k_c2s, counters 0 and 1.
     c2s = aead(vector.cipher, vector.key_client_to_server)
     for counter in range(2):
-        frame = bytes(client.ping(100 + counter))
+        frame = bytes(client.send(Ping(seq=100 + counter)))
         plain = c2s.decrypt(counter_nonce(counter), frame[4:], frame[:4])
         assert decode_message(plain) == Ping(seq=100 + counter)
         server.receive_data(frame)
@@ -749,7 +749,7 @@ def test_handshake_one_byte_at_a_time() -> None:
         for byte in server.data_to_send():
             client.receive_data(bytes([byte]))
     assert client.state is State.OPEN and server.state is State.OPEN
-    assert server.receive_data(client.ping(5)) == []
+    assert server.receive_data(client.send(Ping(seq=5))) == []
     assert client.receive_data(server.data_to_send()) == [Pong(seq=5)]
 
 
