@@ -76,7 +76,7 @@ from typing import Any, Final
 import msgspec
 
 from execd.config import Limits
-from execd.context import CallContext, ConnectionLost, Handler, Method
+from execd.context import CallContext, ConnectionLost, Handler, Method, bind
 from execd.errors import (
     Cancelled,
     ExecdError,
@@ -85,9 +85,9 @@ from execd.errors import (
     RequestNotKnown,
     StreamError,
 )
-from protocol.api import requests as api
 from protocol.codec import ENCODER, to_raw
 from protocol.errors import ErrorCode
+from protocol.rpc import requests as api
 
 log = logging.getLogger("execd.requests")
 
@@ -278,7 +278,7 @@ class RequestTable:
     # -- the dispatcher's hooks ------------------------------------------------------
 
     def methods(self) -> list[Method]:
-        return [Method(api.ATTACH, api.AttachParams, self.request_attach)]
+        return bind(self, api.RPCS)
 
     def wrap(self, rid: bytes, method: Method, connection_id: int, call_id: int) -> Method:
         """The method to run for call ``call_id`` of ``method`` carrying request id ``rid``.
@@ -289,13 +289,13 @@ class RequestTable:
         if method.name in api.CONNECTION_SCOPED:
             return method
         if rid in self._running or rid in self._finished or rid in self._evicted:
-            return Method(method.name, method.params, functools.partial(self._again, rid))
+            return Method(method.rpc, functools.partial(self._again, rid))
         req = Request(rid, method.name, connection_id, call_id, -connection_id)
         self._virtual_running[-connection_id] = self._virtual_running.get(-connection_id, 0) + 1
         req.bound_to = (connection_id, call_id)
         self._running[rid] = req
         handler = functools.partial(self._run, req, method.handler)
-        return Method(method.name, method.params, handler)
+        return Method(method.rpc, handler)
 
     def connection_opened(self, server_nonce: bytes) -> None:
         """An authenticated connection: remember its nonce (``request.attach``'s ``sent_on``)."""
@@ -461,7 +461,7 @@ class RequestTable:
 
     # -- attaching ---------------------------------------------------------------------
 
-    async def request_attach(self, params: api.AttachParams, ctx: CallContext) -> Any:
+    async def request_attach(self, params: api.AttachParams, ctx: CallContext) -> msgspec.Raw:
         """``request.attach``: the rest of a request's output, then its outcome."""
         found = self._lookup(params.rid)
         if found is None:
@@ -472,7 +472,7 @@ class RequestTable:
 
     async def _attach(
         self, found: Request | Kept, ctx: CallContext, offsets: dict[str, int]
-    ) -> Any:
+    ) -> msgspec.Raw:
         if isinstance(found, tuple):
             return _expand(found)  # nothing to replay
         req = found

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every call the client sends carries a fresh 128-bit random request id
 (PROTOCOL.md section 8.1), except the few that belong to their connection
-(:data:`protocol.api.requests.CONNECTION_SCOPED`). execd keeps such a call
+(:data:`protocol.rpc.requests.CONNECTION_SCOPED`). execd keeps such a call
 running for a grace period when the connection is lost and keeps its outcome
 for a while once it has finished.
 
@@ -40,18 +40,19 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from harnessd.errors import ConnectionLost, HarnessError
 from protocol import limits
-from protocol.api import requests as api
-from protocol.bridge import InboundStream
+from protocol.bridge import Stream
 from protocol.errors import ErrorCode
 from protocol.messages import Error, Reply
+from protocol.rpc import requests as api
 
 if TYPE_CHECKING:
+    from harnessd.api import ExecdClient
     from harnessd.client import Client, ClientProtocol
 
 log = logging.getLogger("harnessd.reattach")
@@ -99,7 +100,7 @@ class Moved:
 
     proto: ClientProtocol
     call_id: int
-    streams: dict[str, InboundStream]
+    streams: dict[str, Stream]
 
 
 @dataclass(eq=False, slots=True)
@@ -161,14 +162,14 @@ def adopt(client: Client, orphans: list[Orphan]) -> None:
             rid=tracked.rid, offsets=dict(orphan.offsets), sent_on=tracked.sent_on or None
         )
         try:
-            call_id, future = client._send_call(api.ATTACH, params, tracked=tracked)
+            call_id, future = client._send_call(api.ATTACH.name, params, tracked=tracked)
         except ConnectionLost as exc:
             orphan.fail(exc)
             continue
         proto = client._proto
         proto.bases[call_id] = dict(orphan.offsets)
         # Bind the buffers now: the attach's answer may come before anyone reads them.
-        streams = {name: proto.inbound(call_id, name) for name in orphan.streams}
+        streams = {name: proto.stream(call_id, name) for name in orphan.streams}
         # Where the attach call's own streams go if the call is sent again (below).
         relay = Orphan(tracked, orphan.future, {}, orphan.streams)
         proto.orphans[call_id] = relay
@@ -194,7 +195,7 @@ def _answered(client: Client, relay: Orphan, done: asyncio.Future[Reply | Error]
             relay.fail(exc)
             return
         proto = client._proto
-        streams = {name: proto.inbound(call_id, name) for name in relay.streams}
+        streams = {name: proto.stream(call_id, name) for name in relay.streams}
         future.add_done_callback(functools.partial(_settle, relay.future))
         relay.moved.set_result(Moved(proto, call_id, streams))
         return
@@ -226,7 +227,7 @@ def _settle(target: asyncio.Future[Reply | Error], done: asyncio.Future[Reply | 
 
 async def follow(
     proto: ClientProtocol, call_id: int, name: str
-) -> tuple[ClientProtocol, int, InboundStream] | None:
+) -> tuple[ClientProtocol, int, Stream] | None:
     """Where stream ``name`` of a lost call continues; None when it goes nowhere further.
 
     Raises ConnectionLost when nobody adopted the call in time.
@@ -237,8 +238,21 @@ async def follow(
     moved = await asyncio.shield(orphan.moved)
     if moved is None:
         return None
-    source = moved.streams.get(name) or moved.proto.inbound(moved.call_id, name)
+    source = moved.streams.get(name) or moved.proto.stream(moved.call_id, name)
     return moved.proto, moved.call_id, source
+
+
+class Reconnectable(Protocol):
+    """A session whose client a :class:`Reconnector` replaces (harnessd.launcher.Session)."""
+
+    client: ExecdClient
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def reconnect(self, *, timeout: float | None = None) -> ExecdClient: ...
+
+    async def dial(self, timeout: float | None) -> ExecdClient: ...
 
 
 class Reconnector:
@@ -263,6 +277,27 @@ class Reconnector:
         self._closed = closed
         self._window = window
         self._task: asyncio.Task[None] | None = None
+        self._session: Reconnectable | None = None
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def of(cls, session: Reconnectable, window: float) -> Reconnector:
+        """The reconnector of ``session``: its current client's loss reconnects it."""
+        self = cls(session.reconnect, lambda: session.client, lambda: session.closed, window)
+        self._session = session
+        session.client.on_lost = self.lost
+        return self
+
+    async def swap(self, timeout: float | None) -> ExecdClient:
+        """Dial a new client for the session; it adopts the calls in flight of the old one."""
+        session = self._session
+        assert session is not None, "swap() needs a reconnector made by of()"
+        async with self._lock:
+            client = await session.dial(timeout)
+            client.on_lost = self.lost
+            old, session.client = session.client, client
+            client.adopt(await old.release())
+        return client
 
     def lost(self) -> None:
         if self._closed() or (self._task is not None and not self._task.done()):

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from protocol import limits
 from protocol.aead import FrameSealer
-from protocol.api.requests import ATTACH, AttachParams, NotKnown
 from protocol.codec import ENCODER, encode_message, to_raw
 from protocol.errors import ErrorCode
 from protocol.framing import encode_frame, frame_header
@@ -34,6 +33,7 @@ from protocol.handshake import (
     transcript,
 )
 from protocol.messages import Auth, Call, Challenge, Error, Hello, Message, Ping, Welcome
+from protocol.rpc.requests import ATTACH, AttachParams, NotKnown
 
 #: Width, in hex digits, of one line of a wrapped value in the rendered spec.
 HEX_WIDTH = 64
@@ -250,7 +250,7 @@ def message_vectors() -> list[tuple[str, Message]]:
         ),
         (
             "call request.attach, id 8, holding 5 bytes of stdout",
-            Call(id=8, method=ATTACH, params=to_raw(attach)),
+            Call(id=8, method=ATTACH.name, params=to_raw(attach)),
         ),
         (
             "error REQUEST_NOT_KNOWN answering call 8",

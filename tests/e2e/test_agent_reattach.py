@@ -20,8 +20,9 @@ import pytest
 from harnessd.agent import AgentSession
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import AssistantTurn, ChatMessage, ScriptedModel, ToolSpec
+from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import ToolConfig
 from harnessd.trace import Trace
 from tests.conftest import eventually, one_loop

@@ -17,13 +17,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol import limits
-
-ATTACH: Final = "request.attach"
-
-#: Methods whose calls belong to their connection and are never tracked by request id:
-#: a watch lives and dies with the connection that subscribed, and an attach is itself
-#: a way back to a request.
-CONNECTION_SCOPED: Final = frozenset({ATTACH, "watch.subscribe", "watch.unsubscribe"})
+from protocol.rpc import Rpc, Schema
 
 #: Why an id is not known (``data.reason`` of REQUEST_NOT_KNOWN).
 NotKnownReason = Literal["unknown", "evicted"]
@@ -34,7 +28,7 @@ RequestId = Annotated[
 ]
 
 
-class AttachParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class AttachParams(Schema, kw_only=True):
     """``request.attach``: the outcome of the call with request id ``rid``.
 
     ``offsets`` maps each output stream name to the bytes of it the client
@@ -51,7 +45,7 @@ class AttachParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ] = msgspec.field(default_factory=dict)
 
 
-class NotKnown(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NotKnown(Schema, kw_only=True):
     """``data`` of a REQUEST_NOT_KNOWN error.
 
     ``reason``: ``"evicted"`` when the outcome was dropped from the retention
@@ -66,3 +60,15 @@ class NotKnown(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: NotKnownReason
     rid: str
     seen: bool = False
+
+
+# -- the methods --------------------------------------------------------------
+#: The result is the attached call's own result, whatever its method's type.
+ATTACH: Final = Rpc("request.attach", AttachParams, msgspec.Raw)
+
+RPCS: Final = (ATTACH,)
+
+#: Methods whose calls belong to their connection and are never tracked by request id:
+#: a watch lives and dies with the connection that subscribed, and an attach is itself
+#: a way back to a request.
+CONNECTION_SCOPED: Final = frozenset({ATTACH.name, "watch.subscribe", "watch.unsubscribe"})
