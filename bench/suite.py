@@ -47,6 +47,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "pipe.grpc",
     "spawn.local",
     "spawn.execd",
+    "spawn.execd_cwd",
     *(
         f"files.{size}.{kind}"
         for size in ("small", "medium")

@@ -65,6 +65,7 @@ def test_targets_are_evaluated_not_asserted(quick_run: tuple[Path, dict[str, Any
         "noop.execd_aes",
         "pipe.execd",
         "spawn.execd",
+        "spawn.execd_cwd",
         "files.large.execd_read",
         "files.large.execd_write",
         "watch.execd",
