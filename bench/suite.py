@@ -48,11 +48,11 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "spawn.local",
     "spawn.execd",
     "spawn.execd_cwd",
-    *(
-        f"files.{size}.{kind}"
-        for size in ("small", "medium")
-        for kind in ("raw_read", "execd_read", "raw_write", "execd_write")
-    ),
+    "files.small.noop",
+    *(f"files.small.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
+    "files.small.local_atomic",
+    "files.small.execd_write_atomic",
+    *(f"files.medium.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.large.raw_read",
     "files.large.execd_read",
     "files.large.raw_write",

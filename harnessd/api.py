@@ -201,7 +201,12 @@ class ExecdClient(ServicesClient):
         """The bytes of a workspace file (whole, or a range); large files arrive streamed."""
         chunks: list[bytes] = []
         async for data in self.iter_file(
-            path, offset=offset, length=length, max_bytes=max_bytes, checksum=checksum
+            path,
+            offset=offset,
+            length=length,
+            max_bytes=max_bytes,
+            checksum=checksum,
+            stream=False,
         ):
             chunks.append(data)
         return b"".join(chunks)
@@ -214,18 +219,21 @@ class ExecdClient(ServicesClient):
         length: int | None = None,
         max_bytes: int | None = None,
         checksum: bool = False,
+        stream: bool = True,
     ) -> AsyncIterator[bytes]:
         """Yield a workspace file's bytes block by block, with bounded memory.
 
         With ``checksum`` both sides hash the content and a mismatch raises
-        ProtocolViolation (it costs a SHA-256 pass on each side).
+        ProtocolViolation (it costs a SHA-256 pass on each side). With
+        ``stream=False`` content that fits one reply frame comes inline in the
+        result (one frame instead of three); larger content streams anyway.
         """
         params = files.ReadParams(
             path=path,
             offset=offset,
             length=length,
             max_bytes=max_bytes,
-            stream=True,
+            stream=stream,
             checksum=checksum,
         )
         handle = self.start(files.READ, params)
