@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 import msgspec
 
+from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
 from harnessd.client import CallHandle, open_connection
 from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
@@ -649,7 +650,7 @@ def connect(
     *,
     encrypt: bool | str = False,
     timeout: float = 10.0,
-    keepalive: float | None = 2.0,
+    keepalive: float | None = keepalive_group.DEFAULT_INTERVAL,
     max_frame: int = limits.DEFAULT_MAX_FRAME,
     window: int = limits.DEFAULT_STREAM_WINDOW,
 ) -> Opening[ExecdClient]:
@@ -661,8 +662,9 @@ def connect(
     encoded as UTF-8, and leading and trailing ASCII whitespace is removed, so
     the content of a token file can be passed as read. ``encrypt``: False for
     plaintext frames (loopback), True to require authenticated encryption, or
-    a cipher name. ``keepalive``: seconds between pings; a connection silent
-    for three intervals fails with ConnectionLost.
+    a cipher name. ``keepalive``: seconds between pings (default
+    :data:`harnessd.keepalive.DEFAULT_INTERVAL`, 5); a connection silent for
+    three intervals fails with ConnectionLost.
 
     Raises ValueError at once for an empty or overlong token; then
     ConnectFailed, AuthenticationFailed or HandshakeFailed.

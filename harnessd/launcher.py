@@ -58,6 +58,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harnessd import keepalive as keepalive_group
 from harnessd.api import ExecdClient, connect
 from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
 from harnessd.opening import Opening
@@ -375,7 +376,7 @@ def serve(
     encrypt: bool | str = False,
     start_timeout: float = 15.0,
     extra_args: Sequence[str] = (),
-    keepalive: float | None = 2.0,
+    keepalive: float | None = keepalive_group.DEFAULT_INTERVAL,
     connect_timeout: float = 10.0,
     cleanup_timeout: float = 10.0,
 ) -> Launch:
