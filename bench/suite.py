@@ -23,7 +23,7 @@ from typing import Final
 
 import uvloop
 
-from bench import model_turn, resources, roundtrip, scale, transfer, turn, workspace
+from bench import model_turn, resources, roundtrip, scale, swerex_peer, transfer, turn, workspace
 from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
@@ -93,6 +93,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "model.turn_tls",
     "model.floor_lan",
     "model.turn_lan",
+    *swerex_peer.ROW_KEYS,
 )
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
@@ -106,6 +107,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("turn", turn.run),
     ("scale", scale.run),
     ("model", model_turn.run),
+    ("swerex", swerex_peer.run),
 )
 
 

@@ -16,7 +16,11 @@ from typing import Any
 
 import pytest
 
+from bench import swerex_peer
 from bench.suite import ROW_KEYS
+
+#: Every row a run writes here: SWE-ReX's only where it is installed (optional peer).
+EXPECTED = [key for key in ROW_KEYS if swerex_peer.installed() or not key.startswith("swerex.")]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -45,7 +49,7 @@ def test_every_row_is_present_with_numbers(quick_run: tuple[Path, dict[str, Any]
     _, data = quick_run
     assert data["quick"] is True
     rows = {row["key"]: row for row in data["rows"]}
-    assert list(rows) == list(ROW_KEYS)
+    assert list(rows) == EXPECTED
     for key, row in rows.items():
         assert _number(row["p50"]) and row["p50"] > 0, (key, row["p50"])
         assert _number(row["p99"]) and row["p99"] > 0, (key, row["p99"])
@@ -110,6 +114,6 @@ def test_markdown_table_and_plot(quick_run: tuple[Path, dict[str, Any]]) -> None
         line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| **")
     ]
     # Header, separator, one line per row (section headings are bold and skipped).
-    assert len(table_rows) == 2 + len(ROW_KEYS)
+    assert len(table_rows) == 2 + len(EXPECTED)
     png = out / "bench.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
