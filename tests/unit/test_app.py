@@ -15,6 +15,7 @@ def methods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Every RPC method execd serves, with the name of its handler."""
     config = Config(marker="m", state_dir=str(tmp_path_factory.mktemp("state")))
     app = Execd(config, b"t" * 32)
+    app.methods.load_all()
     return {name: method.handler.__name__ for name, method in app.methods.items()}
 
 
@@ -31,3 +32,21 @@ def test_every_handler_is_named_after_its_method(methods: dict[str, str], namesp
 def test_every_method_is_in_a_known_namespace(methods: dict[str, str]) -> None:
     by_namespace = itertools.groupby(sorted(methods), key=lambda name: name.split(".")[0])
     assert sorted(namespace for namespace, _ in by_namespace) == NAMESPACES
+
+
+def test_capabilities_are_built_on_their_first_call(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    config = Config(marker="m", state_dir=str(tmp_path_factory.mktemp("state")))
+    app = Execd(config, b"t" * 32)
+    assert app.capabilities == []
+    assert {name.split(".")[0] for name in app.methods} == {"server", "session"}
+    assert app.methods.get("files.stat") is not None
+    assert [type(c).__name__ for c in app.capabilities] == ["FilesCapability"]
+    # Unknown names stay unknown, in a known namespace or not, and build nothing more.
+    assert app.methods.get("files.frobnicate") is None
+    assert app.methods.get("nowhere.at_all") is None
+    assert app.methods.get("shell") is None
+    assert len(app.capabilities) == 1
+    app.methods.load_all()
+    assert len(app.capabilities) == 6
