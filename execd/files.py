@@ -39,7 +39,7 @@ from execd.config import Config
 from execd.context import CallContext, Method
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
-from execd.local_fs import INLINE_MAX, LocalFiles
+from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles
 from execd.workers import INLINE, Inline, Work, WorkerPool
 from protocol.api import files as api
 from protocol.api.files import (
@@ -183,7 +183,7 @@ class FilesCapability:
                 )
             work.release(os.close, fd)
             # A small file on a local filesystem is read on the event loop.
-            inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_MAX
+            inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_READ_MAX
             with _typed_errors(path):
                 return await self._read_range(work, inline, fd, info.st_size, params, ctx)
 
@@ -204,16 +204,20 @@ class FilesCapability:
         total = 0
         position = params.offset
         hit_eof = False
+        ended = False
         while True:
             want = fsops.BLOCK
             if params.length is not None:
                 want = min(want, params.length - total)
+            elif size > 0 and 0 <= size - position <= want:
+                # The end is expected in this unit: one byte more lets it see the end.
+                want = size - position + 1
             if want <= 0:
                 break
             units: Work | Inline = work
-            if inline and total <= INLINE_MAX:
+            if inline and total <= INLINE_READ_MAX:
                 # Inline only while the file stays small (it may grow as it is read).
-                units, want = INLINE, min(want, INLINE_MAX + 1 - total)
+                units, want = INLINE, min(want, INLINE_READ_MAX + 1 - total)
             block, at_end = await units.run(
                 functools.partial(_read_unit, fd, want, position, hasher)
             )
@@ -229,16 +233,20 @@ class FilesCapability:
                     {"size": total, "max_bytes": params.max_bytes},
                 )
             if streaming:
-                await ctx.send(DATA_STREAM, block)
+                # The last block ends the stream itself: no empty chunk after it.
+                await ctx.send(DATA_STREAM, block, end=at_end)
+                ended = at_end
             else:
                 held.append(block)
                 if total > inline_limit:
                     streaming = True
                     while held:
-                        await ctx.send(DATA_STREAM, held.pop(0))
+                        piece = held.pop(0)
+                        ended = at_end and not held
+                        await ctx.send(DATA_STREAM, piece, end=ended)
             if at_end:
                 break
-        if streaming:
+        if streaming and not ended:
             await ctx.send(DATA_STREAM, b"", end=True)
         return ReadResult(
             size=size,

@@ -21,7 +21,7 @@ import pytest
 from execd.config import Config
 from execd.errors import ExecdError
 from execd.files import FilesCapability
-from execd.local_fs import INLINE_MAX, LocalFiles, mount_types
+from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles, mount_types
 from execd.workers import WorkerPool
 from protocol.api.files import ReadParams, WriteParams
 from tests.support.local_ctx import LocalContext
@@ -52,7 +52,7 @@ def _setup(root: Path) -> None:
     (root / "small.txt").write_bytes(b"hello world\n" * 100)
     (root / "long.txt").write_bytes(b"x" * 10_000)
     (root / "empty").write_bytes(b"")
-    (root / "edge.bin").write_bytes(bytes(range(256)) * (INLINE_MAX // 256))
+    (root / "edge.bin").write_bytes(bytes(range(256)) * (INLINE_READ_MAX // 256))
     (root / "dir").mkdir()
     os.mkfifo(root / "fifo")
 
