@@ -165,9 +165,9 @@ class Execd:
 
     def _core_methods(self) -> list[Method]:
         return [
-            Method("server.noop", NoParams, self.server_noop),
-            Method("server.echo", EchoParams, self.server_echo),
-            Method("server.info", NoParams, self.server_info),
+            Method("server.noop", NoParams, self.server_noop, direct=True),
+            Method("server.echo", EchoParams, self.server_echo, direct=True),
+            Method("server.info", NoParams, self.server_info, direct=True),
             Method("session.close", CloseParams, self.session_close),
         ]
 

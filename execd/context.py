@@ -78,3 +78,7 @@ class Method:
     name: str
     params: type
     handler: Handler
+    #: The handler calls nothing that needs a current task (``asyncio.timeout``) before
+    #: it first suspends, so on Python 3.11 its first step may run without one
+    #: (:mod:`execd.calls`); 3.12+ gives every call an eager task instead.
+    direct: bool = False
