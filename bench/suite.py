@@ -51,6 +51,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "files.small.noop",
     *(f"files.small.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.small.local_atomic",
+    "files.small.local_atomic_dir",
     "files.small.execd_write_atomic",
     *(f"files.medium.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.large.raw_read",

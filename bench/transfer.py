@@ -31,7 +31,7 @@ from bench.env import Env
 from bench.floor import connect_bulk
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
-from bench.stats import rate_summary, summarize
+from bench.stats import interleaved, rate_summary, summarize
 
 SECTION = "4. File read and write (files.read / files.write) beside a raw socket"
 LARGE_TARGET = 0.6
@@ -51,8 +51,12 @@ def _write_local(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def _write_fsync_rename(path: str, data: bytes) -> None:
-    """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``."""
+def _write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
+    """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
+
+    ``sync_directory``: then fsync the directory too, which makes the rename
+    itself durable (execd's atomic write does).
+    """
     temporary = path + ".floor-tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -61,6 +65,12 @@ def _write_fsync_rename(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.rename(temporary, path)
+    if sync_directory:
+        directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def _payload(rng: random.Random, size: int) -> bytes:
@@ -133,16 +143,26 @@ async def run(env: Env) -> list[Row]:
                     _write_fsync_rename(local, data)
                     return None
 
+                async def local_atomic_dir(data: bytes = data, local: str = local_path) -> object:
+                    _write_fsync_rename(local, data, sync_directory=True)
+                    return None
+
                 actions["noop"] = client.noop
                 actions["execd_write_atomic"] = execd_atomic
                 actions["local_atomic"] = local_atomic
+                actions["local_atomic_dir"] = local_atomic_dir
             times: dict[str, list[float]] = {key: [] for key in actions}
             if name != "large":
-                for action in actions.values():
-                    await action()
-            for _ in range(count):
-                for key, action in actions.items():
-                    times[key].append(await _time(action))
+                # Batches that take turns (as in section 1): one call of each in turn
+                # would time every call after a fsync's sleep on cold, idle cores.
+                batches = await interleaved(
+                    actions, dict.fromkeys(actions, count), rounds=max(2, count // 30), warmup=3
+                )
+                times = {key: [us / 1e6 for us in batch] for key, batch in batches.items()}
+            else:
+                for _ in range(count):
+                    for key, action in actions.items():
+                        times[key].append(await _time(action))
             rows += _rows(name, size, times)
             del data
             os.unlink(path)
@@ -167,18 +187,19 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
         "execd_write_atomic": f"execd files.write, {label}, atomic (default: fsync, rename)",
         "noop": "execd server.noop on the same connection",
         "local_atomic": f"local write + fsync + rename of {label} in the client process",
+        "local_atomic_dir": "the same + fsync of the directory (as execd's atomic write does)",
     }
     for key, seconds in times.items():
         direction = "read" if key.endswith("read") else "write"
         baselines: tuple[str, ...] = (f"files.{name}.raw_{direction}",)
         if key.startswith("raw"):
             baselines = (f"files.{name}.raw_write",) if key == "raw_write_file" else ()
-        elif key in ("noop", "local_atomic"):
+        elif key in ("noop", "local_atomic", "local_atomic_dir"):
             baselines = ()
         elif direction == "write" and large:
             baselines += (f"files.{name}.raw_write_file",)
         elif key == "execd_write_atomic":
-            baselines = (f"files.{name}.local_atomic",)
+            baselines = (f"files.{name}.local_atomic", f"files.{name}.local_atomic_dir")
         if name == "small" and key in ("execd_read", "execd_write"):
             baselines += (f"files.{name}.noop",)
         if large:
@@ -202,6 +223,7 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
                 "raw_write_file": "raw into a file",
                 "noop": "no-op",
                 "local_atomic": "local floor",
+                "local_atomic_dir": "local floor with directory fsync",
             }.get(key, ""),
             extra={"bytes": float(size), "mean": summary.mean},
         )
