@@ -147,8 +147,8 @@ class FilesCapability:
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return [
-            Method(api.READ, ReadParams, self.files_read),
-            Method(api.WRITE, WriteParams, self.files_write),
+            Method(api.READ, ReadParams, self.files_read, direct=True),
+            Method(api.WRITE, WriteParams, self.files_write, direct=True),
             Method(api.STAT, StatParams, self.files_stat),
             Method(api.LIST, ListParams, self.files_list),
             Method(api.MKDIR, MkdirParams, self.files_mkdir),
