@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from bench.env import Env
+from bench.execd_proc import ExecdProcess, start_execd
 from bench.report import Row
 from bench.settings import HOST
 from bench.stats import Call, interleaved, summarize
@@ -113,6 +114,14 @@ async def run(env: Env) -> list[Row]:
             file=sys.stderr,
         )
         return []
+    text = "x" * (SIZE - 1) + "\n"
+    path = env.path("swerex-file.txt")
+    # An execd of its own: the shared one's lease may have run out during section 9.
+    async with start_execd(env.workdir) as execd:
+        return await _measure(env, execd, path, text)
+
+
+async def _measure(env: Env, execd: ExecdProcess, path: str, text: str) -> list[Row]:
     from swerex.runtime.abstract import (
         BashAction,
         Command,
@@ -122,10 +131,8 @@ async def run(env: Env) -> list[Row]:
     )
     from swerex.runtime.remote import RemoteRuntime
 
-    text = "x" * (SIZE - 1) + "\n"
     data = text.encode()
-    path = env.path("swerex-file.txt")
-    client = await env.execd.connect()
+    client = await execd.connect()
     try:
         async with _server(env.workdir) as (port, token):
             rex = RemoteRuntime(host=f"http://{HOST}", port=port, auth_token=token, timeout=60)
