@@ -31,6 +31,7 @@ from bench.options import SECTION_NAMES, add_arguments
 from bench.report import Report, Row, link_ratios, machine_facts
 from bench.servers import start_server
 from bench.settings import Settings, full, quick
+from harnessd import connect
 
 Section = Callable[[Env], Awaitable[list[Row]]]
 
@@ -131,19 +132,13 @@ async def run_suite(
             start_execd(workdir) as execd,
         ):
             env = Env(settings=settings, workdir=workdir, execd=execd, raw=raw)
-            for name, section in SECTIONS:
-                if only is not None and name not in only:
-                    continue
-                began = time.perf_counter()
-                if progress:
-                    print(f"bench: {name} ...", file=sys.stderr, flush=True)
-                rows += await section(env)
-                if progress:
-                    print(
-                        f"bench: {name} done in {time.perf_counter() - began:.1f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            # Sections that start execds of their own can outlast the shared one's
+            # lease on a loaded machine: one connection with keepalive holds it.
+            holder = await connect(execd.host, execd.port, execd.token, keepalive=5.0)
+            try:
+                await _run_sections(env, only, progress, rows)
+            finally:
+                await holder.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     order = {key: index for index, key in enumerate(ROW_KEYS)}
@@ -165,6 +160,24 @@ async def run_suite(
         seconds=time.perf_counter() - started,
         notes=notes,
     )
+
+
+async def _run_sections(
+    env: Env, only: frozenset[str] | None, progress: bool, rows: list[Row]
+) -> None:
+    for name, section in SECTIONS:
+        if only is not None and name not in only:
+            continue
+        began = time.perf_counter()
+        if progress:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        rows += await section(env)
+        if progress:
+            print(
+                f"bench: {name} done in {time.perf_counter() - began:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES
