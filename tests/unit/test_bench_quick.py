@@ -26,7 +26,10 @@ PEER = [key for key in ROW_KEYS if key.startswith("swerex.")]
 
 def _expected(rows: dict[str, Any]) -> list[str]:
     present = [key for key in PEER if key in rows]
-    assert present in ([], PEER)
+    # Per operation, both peers' rows or neither.
+    assert {key.rsplit(".", 1)[0] for key in present} == {
+        key.rsplit(".", 1)[0] for key in present if key.endswith(".execd")
+    } and len(present) % 2 == 0
     return [key for key in ROW_KEYS if key in REQUIRED or key in present]
 
 
