@@ -202,12 +202,7 @@ class ExecdClient(ServicesClient):
         """The bytes of a workspace file (whole, or a range); large files arrive streamed."""
         chunks: list[bytes] = []
         async for data in self.iter_file(
-            path,
-            offset=offset,
-            length=length,
-            max_bytes=max_bytes,
-            checksum=checksum,
-            stream=False,
+            path, offset=offset, length=length, max_bytes=max_bytes, checksum=checksum
         ):
             chunks.append(data)
         return b"".join(chunks)

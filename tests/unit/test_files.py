@@ -38,7 +38,7 @@ from execd.errors import (
     StreamError,
     TooLarge,
 )
-from execd.files import INLINE_RESULT_MAX, FilesCapability
+from execd.files import FilesCapability
 from protocol.api.files import (
     METHODS,
     ChmodParams,
@@ -237,14 +237,10 @@ def test_read_streams_when_content_exceeds_one_frame(tmp_path: Path) -> None:
     assert ctx.received("data") == content
     assert all(len(chunk) <= 64 * 1024 for chunk in ctx.sent["data"])
     assert result.sha256 == sha(content)
-    # The same file streams with large frames too: more than INLINE_RESULT_MAX.
+    # The same file fits inline when frames are large enough.
     big_ctx = LocalContext(max_chunk=1024 * 1024)
-    big = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), big_ctx))
-    assert big.streamed and big_ctx.received("data") == content
-    # Up to INLINE_RESULT_MAX it comes inline when frames are large enough.
-    target.write_bytes(content[:INLINE_RESULT_MAX])
     inline = run(CAP.files_read(ReadParams(checksum=True, path=str(target)), big_ctx))
-    assert inline.data == content[:INLINE_RESULT_MAX] and not inline.streamed
+    assert inline.data == content and not big_ctx.sent
 
 
 def test_read_max_bytes(tmp_path: Path) -> None:
