@@ -19,12 +19,13 @@ from typing import Any, Protocol
 
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
 from execd.server import Server
 from protocol import limits
-from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
+from protocol.rpc import core
+from protocol.rpc.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
 
 log = logging.getLogger("execd")
 
@@ -164,12 +165,7 @@ class Execd:
         return self.methods.loaded()
 
     def _core_methods(self) -> list[Method]:
-        return [
-            Method("server.noop", NoParams, self.server_noop, direct=True),
-            Method("server.echo", EchoParams, self.server_echo, direct=True),
-            Method("server.info", NoParams, self.server_info, direct=True),
-            Method("session.close", CloseParams, self.session_close),
-        ]
+        return bind(self, core.RPCS, direct=(core.NOOP, core.ECHO, core.INFO))
 
     async def server_noop(self, params: NoParams, ctx: CallContext) -> None:
         return None

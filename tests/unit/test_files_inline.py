@@ -23,7 +23,7 @@ from execd.errors import ExecdError
 from execd.files import FilesCapability
 from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles, mount_types
 from execd.workers import WorkerPool
-from protocol.api.files import ReadParams, WriteParams
+from protocol.rpc.files import ReadParams, WriteParams
 from tests.support.local_ctx import LocalContext
 
 Case = Callable[[FilesCapability, Path], Awaitable[Any]]

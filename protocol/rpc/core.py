@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
+from protocol.rpc import Rpc, Schema
 
-class NoParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+
+class NoParams(Schema):
     """Methods that take nothing accept an empty map (and ignore extra keys)."""
 
 
-class EchoParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class EchoParams(Schema):
     """``server.echo``: the payload comes back unchanged."""
 
     data: bytes = b""
 
 
-class ServerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ServerInfo(Schema):
     """``server.info``: who this execd is."""
 
     pid: int
@@ -31,17 +33,26 @@ class ServerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     methods: list[str]
 
 
-class CloseParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CloseParams(Schema):
     """``session.close``: clean up by marker; with ``shutdown`` execd exits after replying."""
 
     shutdown: bool = True
     timeout: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 
-class CloseReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CloseReport(Schema):
     """What session close did: processes killed by marker and any left behind."""
 
     killed: int
     remaining: list[int]
     rounds: int
     elapsed: float
+
+
+# -- the methods --------------------------------------------------------------
+NOOP: Final = Rpc("server.noop", NoParams, type(None))
+ECHO: Final = Rpc("server.echo", EchoParams, bytes)
+INFO: Final = Rpc("server.info", NoParams, ServerInfo)
+CLOSE: Final = Rpc("session.close", CloseParams, CloseReport)
+
+RPCS: Final = (NOOP, ECHO, INFO, CLOSE)

@@ -60,11 +60,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-OPEN: Final = "sessions.open"
-RUN: Final = "sessions.run"
-INTERRUPT: Final = "sessions.interrupt"
-CLOSE: Final = "sessions.close"
-LIST: Final = "sessions.list"
+from protocol.rpc import Rpc, Schema
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a session name looks like."""
@@ -91,11 +87,7 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 SessionState = Literal["idle", "busy", "dead"]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every sessions message."""
-
-
-class OpenParams(_Message):
+class OpenParams(Schema):
     """Open a session whose shell starts in ``cwd`` with ``env`` added to the base environment."""
 
     name: Name
@@ -104,7 +96,7 @@ class OpenParams(_Message):
     unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
 
 
-class SessionInfo(_Message):
+class SessionInfo(Schema):
     """What is known about one session.
 
     ``cwd`` is the shell's current working directory (physical path), absent
@@ -122,7 +114,7 @@ class SessionInfo(_Message):
     signal: int | None = None
 
 
-class RunParams(_Message):
+class RunParams(Schema):
     """Run ``command`` in the session.
 
     ``stdin`` bytes are the command's stdin (default ``/dev/null``).
@@ -139,7 +131,7 @@ class RunParams(_Message):
     output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
 
 
-class RunResult(_Message):
+class RunResult(Schema):
     """Outcome of one command.
 
     ``exit_code`` is the command's exit status (130 after an interrupt);
@@ -164,25 +156,25 @@ class RunResult(_Message):
     duration: float = 0.0
 
 
-class InterruptParams(_Message):
+class InterruptParams(Schema):
     """``sessions.interrupt``: SIGINT to the running command of a session."""
 
     name: Name
 
 
-class InterruptResult(_Message):
+class InterruptResult(Schema):
     """``sent`` is false when no command was running."""
 
     sent: bool
 
 
-class CloseParams(_Message):
+class CloseParams(Schema):
     """``sessions.close``: kill the session and everything it started."""
 
     name: Name
 
 
-class CloseResult(_Message):
+class CloseResult(Schema):
     """The session's last state, processes killed, and any marked process left alive."""
 
     info: SessionInfo
@@ -190,13 +182,23 @@ class CloseResult(_Message):
     remaining: list[int] = msgspec.field(default_factory=list)
 
 
-class ListParams(_Message):
+class ListParams(Schema):
     """``sessions.list`` takes no parameters."""
 
 
-class ListResult(_Message):
+class ListResult(Schema):
     """Every session, in open order."""
 
     sessions: list[SessionInfo]
     #: Set when more remained than fit one reply frame to the client (the first are listed).
     truncated: bool = False
+
+
+# -- the methods --------------------------------------------------------------
+OPEN: Final = Rpc("sessions.open", OpenParams, SessionInfo)
+RUN: Final = Rpc("sessions.run", RunParams, RunResult)
+INTERRUPT: Final = Rpc("sessions.interrupt", InterruptParams, InterruptResult)
+CLOSE: Final = Rpc("sessions.close", CloseParams, CloseResult)
+LIST: Final = Rpc("sessions.list", ListParams, ListResult)
+
+RPCS: Final = (OPEN, RUN, INTERRUPT, CLOSE, LIST)
