@@ -19,6 +19,7 @@ SECTION_NAMES: Final = (
     "turn",
     "scale",
     "model",
+    "swerex",
 )
 
 

@@ -88,7 +88,16 @@ def machine_facts() -> dict[str, str]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
     }
-    for name in ("uvloop", "msgspec", "cryptography", "fastapi", "uvicorn", "httpx", "grpcio"):
+    for name in (
+        "uvloop",
+        "msgspec",
+        "cryptography",
+        "fastapi",
+        "uvicorn",
+        "httpx",
+        "grpcio",
+        "swe-rex",
+    ):
         try:
             facts[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -146,7 +155,7 @@ class Report:
             f"{facts.get('kernel')}, Python {facts.get('python')}, uvloop {facts.get('uvloop')}, "
             f"msgspec {facts.get('msgspec')}; baselines: FastAPI {facts.get('fastapi')} on "
             f"uvicorn {facts.get('uvicorn')} + httpx {facts.get('httpx')}, grpcio "
-            f"{facts.get('grpcio')}. {'Quick run' if self.quick else 'Full run'} in "
+            f"{facts.get('grpcio')}, SWE-ReX {facts.get('swe-rex')}. {'Quick run' if self.quick else 'Full run'} in "
             f"{self.seconds:.0f} s, everything on loopback.",
             "",
             "| figure | p50 | p99 | ratio (p50) | target | met |",

@@ -31,7 +31,7 @@ PIPE = f"2. Pipelined throughput ({IN_FLIGHT} calls in flight on one connection)
 
 NOOP_TARGET = 1.3
 NOOP_AES_TARGET = 1.5
-PIPE_TARGET = 0.5
+PIPE_TARGET = 0.6
 
 
 async def run(env: Env) -> list[Row]:

@@ -23,7 +23,7 @@ from typing import Final
 
 import uvloop
 
-from bench import model_turn, resources, roundtrip, scale, transfer, turn, workspace
+from bench import model_turn, resources, roundtrip, scale, swerex_peer, transfer, turn, workspace
 from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
@@ -31,6 +31,7 @@ from bench.options import SECTION_NAMES, add_arguments
 from bench.report import Report, Row, link_ratios, machine_facts
 from bench.servers import start_server
 from bench.settings import Settings, full, quick
+from harnessd import connect
 
 Section = Callable[[Env], Awaitable[list[Row]]]
 
@@ -49,11 +50,13 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "pipe.grpc",
     "spawn.local",
     "spawn.execd",
-    *(
-        f"files.{size}.{kind}"
-        for size in ("small", "medium")
-        for kind in ("raw_read", "execd_read", "raw_write", "execd_write")
-    ),
+    "spawn.execd_cwd",
+    "files.small.noop",
+    *(f"files.small.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
+    "files.small.local_atomic",
+    "files.small.local_atomic_dir",
+    "files.small.execd_write_atomic",
+    *(f"files.medium.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.large.raw_read",
     "files.large.execd_read",
     "files.large.raw_write",
@@ -95,6 +98,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "model.turn_tls",
     "model.floor_lan",
     "model.turn_lan",
+    *swerex_peer.ROW_KEYS,
 )
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
@@ -108,6 +112,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("turn", turn.run),
     ("scale", scale.run),
     ("model", model_turn.run),
+    ("swerex", swerex_peer.run),
 )
 
 
@@ -130,19 +135,13 @@ async def run_suite(
             start_execd(workdir) as execd,
         ):
             env = Env(settings=settings, workdir=workdir, execd=execd, raw=raw)
-            for name, section in SECTIONS:
-                if only is not None and name not in only:
-                    continue
-                began = time.perf_counter()
-                if progress:
-                    print(f"bench: {name} ...", file=sys.stderr, flush=True)
-                rows += await section(env)
-                if progress:
-                    print(
-                        f"bench: {name} done in {time.perf_counter() - began:.1f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            # Sections that start execds of their own can outlast the shared one's
+            # lease on a loaded machine: one connection with keepalive holds it.
+            holder = await connect(execd.host, execd.port, execd.token, keepalive=5.0)
+            try:
+                await _run_sections(env, only, progress, rows)
+            finally:
+                await holder.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     order = {key: index for index, key in enumerate(ROW_KEYS)}
@@ -164,6 +163,24 @@ async def run_suite(
         seconds=time.perf_counter() - started,
         notes=notes,
     )
+
+
+async def _run_sections(
+    env: Env, only: frozenset[str] | None, progress: bool, rows: list[Row]
+) -> None:
+    for name, section in SECTIONS:
+        if only is not None and name not in only:
+            continue
+        began = time.perf_counter()
+        if progress:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        rows += await section(env)
+        if progress:
+            print(
+                f"bench: {name} done in {time.perf_counter() - began:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES

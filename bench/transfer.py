@@ -13,10 +13,15 @@ disk's share).
 
 Small sizes are reported as time per transfer (ratio: times slower than the
 raw socket); the largest as a rate in MB/s (ratio: share of the raw rate).
+At the smallest size three more rows: execd's own ``server.noop`` on the
+same connection (small reads and writes should cost about a no-op), the
+default atomic ``files.write`` and its local floor, a write + fsync + rename
+of the same bytes in the bench process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -26,10 +31,17 @@ from bench.env import Env
 from bench.floor import connect_bulk
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
-from bench.stats import rate_summary, summarize
+from bench.stats import interleaved, rate_summary, summarize
 
 SECTION = "4. File read and write (files.read / files.write) beside a raw socket"
 LARGE_TARGET = 0.6
+#: files.read / files.write (atomic=false) of the smallest size, times execd's own no-op.
+SMALL_READ_TARGET = 2.0
+SMALL_WRITE_TARGET = 2.5
+#: The atomic files.write of the smallest size over a local write + fsync + rename, in ms.
+ATOMIC_TARGET_MS = 0.15
+#: files.read of the medium size, times the raw socket.
+MEDIUM_READ_TARGET = 1.5
 
 Timed = Callable[[], Awaitable[object]]
 
@@ -37,6 +49,28 @@ Timed = Callable[[], Awaitable[object]]
 def _write_local(path: str, data: bytes) -> None:
     with open(path, "wb") as handle:
         handle.write(data)
+
+
+def _write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
+    """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
+
+    ``sync_directory``: then fsync the directory too, which makes the rename
+    itself durable (execd's atomic write does).
+    """
+    temporary = path + ".floor-tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, path)
+    if sync_directory:
+        directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def _payload(rng: random.Random, size: int) -> bytes:
@@ -101,16 +135,39 @@ async def run(env: Env) -> list[Row]:
             if name == "large":
                 actions["raw_write_file"] = raw_write_file
                 actions["execd_write_atomic"] = execd_atomic
+            if name == "small":
+                local_path = env.path("transfer-local.bin")
+
+                async def local_atomic(data: bytes = data, local: str = local_path) -> object:
+                    # Blocking on purpose: the local floor of the atomic write.
+                    _write_fsync_rename(local, data)
+                    return None
+
+                async def local_atomic_dir(data: bytes = data, local: str = local_path) -> object:
+                    _write_fsync_rename(local, data, sync_directory=True)
+                    return None
+
+                actions["noop"] = client.noop
+                actions["execd_write_atomic"] = execd_atomic
+                actions["local_atomic"] = local_atomic
+                actions["local_atomic_dir"] = local_atomic_dir
             times: dict[str, list[float]] = {key: [] for key in actions}
             if name != "large":
-                for action in actions.values():
-                    await action()
-            for _ in range(count):
-                for key, action in actions.items():
-                    times[key].append(await _time(action))
+                # Batches that take turns (as in section 1): one call of each in turn
+                # would time every call after a fsync's sleep on cold, idle cores.
+                batches = await interleaved(
+                    actions, dict.fromkeys(actions, count), rounds=max(2, count // 30), warmup=3
+                )
+                times = {key: [us / 1e6 for us in batch] for key, batch in batches.items()}
+            else:
+                for _ in range(count):
+                    for key, action in actions.items():
+                        times[key].append(await _time(action))
             rows += _rows(name, size, times)
             del data
             os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(env.path("transfer-local.bin"))
     finally:
         bulk.close()
         await client.close()
@@ -128,14 +185,23 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
         "raw_write_file": f"raw socket, {label} from the client into a file (no fsync)",
         "execd_write": f"execd files.write, {label}, atomic=false",
         "execd_write_atomic": f"execd files.write, {label}, atomic (default: fsync, rename)",
+        "noop": "execd server.noop on the same connection",
+        "local_atomic": f"local write + fsync + rename of {label} in the client process",
+        "local_atomic_dir": "the same + fsync of the directory (as execd's atomic write does)",
     }
     for key, seconds in times.items():
         direction = "read" if key.endswith("read") else "write"
         baselines: tuple[str, ...] = (f"files.{name}.raw_{direction}",)
         if key.startswith("raw"):
             baselines = (f"files.{name}.raw_write",) if key == "raw_write_file" else ()
+        elif key in ("noop", "local_atomic", "local_atomic_dir"):
+            baselines = ()
         elif direction == "write" and large:
             baselines += (f"files.{name}.raw_write_file",)
+        elif key == "execd_write_atomic":
+            baselines = (f"files.{name}.local_atomic", f"files.{name}.local_atomic_dir")
+        if name == "small" and key in ("execd_read", "execd_write"):
+            baselines += (f"files.{name}.noop",)
         if large:
             summary = rate_summary(size / 1e6, seconds)
             unit = "MB/s"
@@ -151,14 +217,36 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
             p99=summary.p99,
             n=summary.n,
             baselines=baselines,
-            short={"raw_read": "raw", "raw_write": "raw", "raw_write_file": "raw into a file"}.get(
-                key, ""
-            ),
+            short={
+                "raw_read": "raw",
+                "raw_write": "raw",
+                "raw_write_file": "raw into a file",
+                "noop": "no-op",
+                "local_atomic": "local floor",
+                "local_atomic_dir": "local floor with directory fsync",
+            }.get(key, ""),
             extra={"bytes": float(size), "mean": summary.mean},
         )
         rows.append(row)
+    by_key = {row.key: row for row in rows}
+    if name == "small":
+        noop = by_key["files.small.noop"].p50
+        for key, limit in (("execd_read", SMALL_READ_TARGET), ("execd_write", SMALL_WRITE_TARGET)):
+            row = by_key[f"files.small.{key}"]
+            row.target = Target(f"p50 <= {limit:g}x the no-op", row.p50 / noop, limit)
+        atomic, floor = by_key["files.small.execd_write_atomic"], by_key["files.small.local_atomic"]
+        atomic.target = Target(
+            f"p50 <= local floor + {ATOMIC_TARGET_MS:g} ms",
+            atomic.p50 - floor.p50,
+            ATOMIC_TARGET_MS,
+        )
+        atomic.note = f"+{atomic.p50 - floor.p50:.2f} ms"
+    if name == "medium":
+        row, base = by_key["files.medium.execd_read"], by_key["files.medium.raw_read"]
+        row.target = Target(
+            f"p50 <= {MEDIUM_READ_TARGET:g}x raw socket", row.p50 / base.p50, MEDIUM_READ_TARGET
+        )
     if large:
-        by_key = {row.key: row for row in rows}
         for direction in ("read", "write"):
             row = by_key[f"files.large.execd_{direction}"]
             base = by_key[f"files.large.raw_{direction}"]

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from execd import marker
@@ -59,23 +59,88 @@ def announce(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def build_capabilities(config: Config, base_env: dict[str, str]) -> list[Capability]:
-    """One instance of every capability, in the order they are closed."""
-    from execd.files import FilesCapability
-    from execd.ledger import LedgerCapability
-    from execd.services import ServicesCapability
-    from execd.sessions import SessionsCapability
-    from execd.shell import ShellCapability
-    from execd.watch import WatchCapability
+def build_capability(name: str, config: Config, base_env: dict[str, str]) -> Capability:
+    """The capability whose methods are named ``<name>.*`` (its module is imported here)."""
+    if name == "shell":
+        from execd.shell import ShellCapability
 
-    return [
-        ShellCapability(config, base_env),
-        ServicesCapability(config, base_env),
-        SessionsCapability(config, base_env),
-        FilesCapability(config),
-        WatchCapability(config),
-        LedgerCapability(config),
-    ]
+        return ShellCapability(config, base_env)
+    if name == "services":
+        from execd.services import ServicesCapability
+
+        return ServicesCapability(config, base_env)
+    if name == "sessions":
+        from execd.sessions import SessionsCapability
+
+        return SessionsCapability(config, base_env)
+    if name == "files":
+        from execd.files import FilesCapability
+
+        return FilesCapability(config)
+    if name == "watch":
+        from execd.watch import WatchCapability
+
+        return WatchCapability(config)
+    if name == "ledger":
+        from execd.ledger import LedgerCapability
+
+        return LedgerCapability(config)
+    raise ValueError(f"no capability named {name!r}")
+
+
+CAPABILITIES = ("shell", "services", "sessions", "files", "watch", "ledger")
+"""Every capability, by the prefix of its method names, in the order they are closed."""
+
+
+class MethodTable(dict[str, Method]):
+    """The dispatch table, each capability built on the first call of one of its methods.
+
+    Importing and building every capability up front cost execd's cold start
+    about a fifth of its time (``python -X importtime``), before it could
+    listen; most sessions use a few of them. ``get`` (what the server looks
+    methods up with) builds the capability that a missing ``<name>.*``
+    belongs to, then answers from the table like any other lookup.
+    """
+
+    def __init__(self, build: Callable[[str], Capability]) -> None:
+        super().__init__()
+        self._build = build
+        self.built: dict[str, Capability] = {}
+
+    def register(self, method: Method) -> None:
+        """Add one method; a name registered twice is a bug."""
+        if method.name in self:
+            raise RuntimeError(f"method {method.name} registered twice")
+        self[method.name] = method
+
+    def load(self, name: str) -> None:
+        """Build capability ``name`` now, unless it is built already."""
+        if name in self.built:
+            return
+        capability = self._build(name)
+        self.built[name] = capability
+        for method in capability.methods():
+            if not method.name.startswith(name + "."):
+                raise RuntimeError(f"method {method.name} outside its capability {name}")
+            self.register(method)
+
+    def load_all(self) -> None:
+        """Build every capability (before listing every method)."""
+        for name in CAPABILITIES:
+            self.load(name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        method = super().get(key)
+        if method is None:
+            prefix, dot, _ = key.partition(".")
+            if dot and prefix in CAPABILITIES and prefix not in self.built:
+                self.load(prefix)
+                method = super().get(key)
+        return default if method is None else method
+
+    def loaded(self) -> list[Capability]:
+        """The capabilities built so far, in the order they are closed."""
+        return [self.built[name] for name in CAPABILITIES if name in self.built]
 
 
 class Execd:
@@ -89,26 +154,20 @@ class Execd:
             config.marker,
             extra={LEDGER_PATH_VAR: config.ledger_dir},
         )
-        self.capabilities = build_capabilities(config, base_env)
-        self.methods: dict[str, Method] = {}
+        self.methods = MethodTable(lambda name: build_capability(name, config, base_env))
         self.requests = RequestTable(config.limits)
-        for method in self.requests.methods():
-            self._register(method)
-        for capability in self.capabilities:
-            for method in capability.methods():
-                self._register(method)
-        for method in self._core_methods():
-            self._register(method)
+        for method in [*self.requests.methods(), *self._core_methods()]:
+            self.methods.register(method)
         self.server = Server(config, token, self.methods, self.requests)
         self._closed = False
 
-    def _register(self, method: Method) -> None:
-        if method.name in self.methods:
-            raise RuntimeError(f"method {method.name} registered twice")
-        self.methods[method.name] = method
+    @property
+    def capabilities(self) -> list[Capability]:
+        """The capabilities built so far (each on the first call of one of its methods)."""
+        return self.methods.loaded()
 
     def _core_methods(self) -> list[Method]:
-        return bind(self, core.RPCS)
+        return bind(self, core.RPCS, direct=(core.NOOP, core.ECHO, core.INFO))
 
     async def server_noop(self, params: NoParams, ctx: CallContext) -> None:
         return None
@@ -117,6 +176,7 @@ class Execd:
         return params.data
 
     async def server_info(self, params: NoParams, ctx: CallContext) -> ServerInfo:
+        self.methods.load_all()
         return ServerInfo(
             pid=os.getpid(),
             uid=os.getuid(),

@@ -80,6 +80,10 @@ class Method:
 
     rpc: Rpc[Any, Any]
     handler: Handler
+    #: The handler calls nothing that needs a current task (``asyncio.timeout``) before
+    #: it first suspends, so on Python 3.11 its first step may run without one
+    #: (:mod:`execd.calls`); 3.12+ gives every call an eager task instead.
+    direct: bool = False
     #: The RPC's name and params type, kept at hand for the dispatcher.
     name: str = field(init=False)
     params: type = field(init=False)
@@ -94,10 +98,19 @@ def handler_name(rpc: Rpc[Any, Any]) -> str:
     return rpc.name.replace(".", "_")
 
 
-def bind(capability: object, rpcs: Iterable[Rpc[Any, Any]]) -> list[Method]:
+def bind(
+    capability: object,
+    rpcs: Iterable[Rpc[Any, Any]],
+    direct: Iterable[Rpc[Any, Any]] = (),
+) -> list[Method]:
     """The dispatch entries of a capability: each of ``rpcs`` with its handler, found by name.
 
+    Those also in ``direct`` are marked :attr:`Method.direct` (their handlers
+    need no current task before they first suspend).
     ``tests/unit/test_app.py`` holds each handler's annotations to its
     declaration (params and result types).
     """
-    return [Method(rpc, getattr(capability, handler_name(rpc))) for rpc in rpcs]
+    marked = set(direct)
+    return [
+        Method(rpc, getattr(capability, handler_name(rpc)), direct=rpc in marked) for rpc in rpcs
+    ]

@@ -39,7 +39,8 @@ from execd.config import Config
 from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
-from execd.workers import Work, WorkerPool
+from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles
+from execd.workers import INLINE, Inline, Work, WorkerPool
 from protocol.rpc import files as rpc
 from protocol.rpc.files import (
     DATA_STREAM,
@@ -104,9 +105,12 @@ def _read_unit(
     return pieces[0] if len(pieces) == 1 else b"".join(pieces), False
 
 
-def _write_whole(sink: fsops.FileSink, data: bytes, expected_size: int | None) -> None:
-    """Open, fill and commit ``sink`` with ``data`` of at most one block: one thread unit."""
-    sink.open()
+def _write_whole(
+    sink: fsops.FileSink, data: bytes, expected_size: int | None, *, opened: bool = False
+) -> None:
+    """Open (unless ``opened``), fill and commit ``sink`` with ``data``: one unit."""
+    if not opened:
+        sink.open()
     if expected_size is not None:
         sink.preallocate(expected_size)
     if data:
@@ -123,16 +127,19 @@ async def _close_stream(stream: AsyncIterator[bytes]) -> None:
 class FilesCapability:
     """Handlers of the ``files.*`` methods."""
 
-    def __init__(self, config: Config, pool: WorkerPool | None = None) -> None:
+    def __init__(
+        self, config: Config, pool: WorkerPool | None = None, local: LocalFiles | None = None
+    ) -> None:
         self._config = config
         self._pool = pool if pool is not None else WorkerPool()
+        self._local = local if local is not None else LocalFiles()
 
     async def close(self) -> None:
         """Nothing to wait for: every call releases what it holds (see the module docstring)."""
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return bind(self, rpc.RPCS)
+        return bind(self, rpc.RPCS, direct=(rpc.READ, rpc.WRITE))
 
     def _work(self, ctx: CallContext) -> Work:
         """The blocking units of one call, in its connection's share of the pool."""
@@ -152,16 +159,19 @@ class FilesCapability:
         """
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
+            opener: Work | Inline = INLINE if self._local.trusted(path) else work
             with _typed_errors(path):
-                fd, info = await work.run(
+                fd, info = await opener.run(
                     functools.partial(fsops.open_for_read, path), discard=_close_opened
                 )
             work.release(os.close, fd)
+            # A small file on a local filesystem is read on the event loop.
+            inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_READ_MAX
             with _typed_errors(path):
-                return await self._read_range(work, fd, info.st_size, params, ctx)
+                return await self._read_range(work, inline, fd, info.st_size, params, ctx)
 
     async def _read_range(
-        self, work: Work, fd: int, size: int, params: ReadParams, ctx: CallContext
+        self, work: Work, inline: bool, fd: int, size: int, params: ReadParams, ctx: CallContext
     ) -> ReadResult:
         available = max(size - params.offset, 0)
         expected = available if params.length is None else min(params.length, available)
@@ -177,13 +187,21 @@ class FilesCapability:
         total = 0
         position = params.offset
         hit_eof = False
+        ended = False
         while True:
             want = fsops.BLOCK
             if params.length is not None:
                 want = min(want, params.length - total)
+            elif size > 0 and 0 <= size - position <= want:
+                # The end is expected in this unit: one byte more lets it see the end.
+                want = size - position + 1
             if want <= 0:
                 break
-            block, at_end = await work.run(
+            units: Work | Inline = work
+            if inline and total <= INLINE_READ_MAX:
+                # Inline only while the file stays small (it may grow as it is read).
+                units, want = INLINE, min(want, INLINE_READ_MAX + 1 - total)
+            block, at_end = await units.run(
                 functools.partial(_read_unit, fd, want, position, hasher)
             )
             if not block:
@@ -198,16 +216,20 @@ class FilesCapability:
                     {"size": total, "max_bytes": params.max_bytes},
                 )
             if streaming:
-                await ctx.send(DATA_STREAM, block)
+                # The last block ends the stream itself: no empty chunk after it.
+                await ctx.send(DATA_STREAM, block, end=at_end)
+                ended = at_end
             else:
                 held.append(block)
                 if total > inline_limit:
                     streaming = True
                     while held:
-                        await ctx.send(DATA_STREAM, held.pop(0))
+                        piece = held.pop(0)
+                        ended = at_end and not held
+                        await ctx.send(DATA_STREAM, piece, end=ended)
             if at_end:
                 break
-        if streaming:
+        if streaming and not ended:
             await ctx.send(DATA_STREAM, b"", end=True)
         return ReadResult(
             size=size,
@@ -254,24 +276,15 @@ class FilesCapability:
             # Once committed this does nothing; otherwise it removes the temporary.
             work.release(sink.abort)
             with _typed_errors(path):
-                if params.data is not None and len(params.data) <= fsops.BLOCK:
-                    # Small content: open, write and commit in one trip to a thread.
-                    await work.run(
-                        functools.partial(_write_whole, sink, params.data, params.expected_size)
-                    )
+                if params.data is not None:
+                    await self._write_inline_data(work, sink, path, params)
                     return WriteResult(
                         size=sink.size, sha256=sink.hexdigest() if params.checksum else None
                     )
                 await work.run(sink.open)
                 if params.expected_size is not None:
                     await work.run(functools.partial(sink.preallocate, params.expected_size))
-                if params.data is not None:
-                    view = memoryview(params.data)
-                    for start in range(0, len(view), fsops.BLOCK):
-                        block = view[start : start + fsops.BLOCK]
-                        await work.run(functools.partial(sink.write, block))
-                else:
-                    await self._write_stream(work, sink, params.expected_size, ctx)
+                await self._write_stream(work, sink, params.expected_size, ctx)
                 if params.expected_size is not None and sink.size != params.expected_size:
                     raise StreamError(
                         f"stream carried {sink.size} bytes, expected_size is "
@@ -280,6 +293,30 @@ class FilesCapability:
                     )
                 await work.run(sink.commit)
         return WriteResult(size=sink.size, sha256=sink.hexdigest() if params.checksum else None)
+
+    async def _write_inline_data(
+        self, work: Work, sink: fsops.FileSink, path: str, params: WriteParams
+    ) -> None:
+        """Write the content that came in the call itself (at most one frame).
+
+        Small content in plain mode to a local filesystem is written on the
+        event loop (see :mod:`execd.local_fs`); anything else in one trip to a
+        thread (the fsync of atomic mode may take milliseconds).
+        """
+        data = params.data
+        assert data is not None
+        small = not params.atomic and len(data) <= INLINE_MAX
+        if small and self._local.trusted(path):
+            sink.open()
+            if self._local.note(path, sink.device):
+                _write_whole(sink, data, params.expected_size, opened=True)
+                return
+        await work.run(
+            functools.partial(
+                _write_whole, sink, data, params.expected_size, opened=sink.device is not None
+            )
+        )
+        self._local.note(path, sink.device)
 
     async def _write_stream(
         self, work: Work, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext

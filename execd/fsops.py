@@ -170,15 +170,17 @@ def _not_regular(path: str) -> NotSupported:
     return NotSupported(f"not a regular file: {path}", {"path": path})
 
 
-def _open_regular_for_write(path: str, *, append: bool) -> int:
-    """Open (creating) a regular file for writing, without ever waiting.
+def _open_regular_for_write(path: str, *, append: bool) -> tuple[int, os.stat_result]:
+    """Open (creating) a regular file for writing, without ever waiting; its fd and fstat.
 
     ``O_NONBLOCK`` makes the open of a FIFO without a reader fail at once
     (ENXIO) instead of hanging; any non-regular file is refused before a
-    byte is written. The flag is cleared again for the regular file.
+    byte is written. The flag is cleared again for the regular file. The
+    file is not truncated here (see :class:`FileSink`).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
-    flags |= os.O_APPEND if append else os.O_TRUNC
+    if append:
+        flags |= os.O_APPEND
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
@@ -195,7 +197,7 @@ def _open_regular_for_write(path: str, *, append: bool) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, info
 
 
 class FileSink:
@@ -213,8 +215,13 @@ class FileSink:
       fsyncs it, renames it over the target and fsyncs the directory.
       ``abort`` closes and unlinks the temporary: the target is never touched
       before the rename, so a failure at any point leaves it as it was.
-    * Plain mode: ``open`` opens the target itself, truncating it, or for
-      appending. ``commit`` closes it. A failure leaves what was written.
+    * Plain mode: ``open`` opens the target itself, for writing from its
+      start or for appending. Writing from the start overwrites the old
+      content and ``commit`` (or ``abort``) then truncates the file to the
+      bytes written, rather than opening it with ``O_TRUNC``: ext4 writes a
+      file truncated to zero back to disk when it is closed (0.2 ms for 4 KiB
+      here), to spare it a zero-length state after a crash. ``commit`` closes
+      it. A failure leaves what was written.
 
     Only regular files are written: an existing target that is a FIFO, a
     device or a socket raises NotSupported (in plain mode the open is
@@ -243,11 +250,17 @@ class FileSink:
         self._owner: tuple[int, int] | None = None
         self._hasher = hashlib.sha256() if checksum else None
         self._size = 0
+        self._device: int | None = None
 
     @property
     def size(self) -> int:
         """Bytes written so far."""
         return self._size
+
+    @property
+    def device(self) -> int | None:
+        """``st_dev`` of the file being written, once open."""
+        return self._device
 
     def hexdigest(self) -> str:
         """SHA-256 (hex) of the bytes written so far."""
@@ -260,7 +273,8 @@ class FileSink:
             if parent:
                 os.makedirs(parent, exist_ok=True)
         if not self._atomic:
-            self._fd = _open_regular_for_write(self._path, append=self._append)
+            self._fd, info = _open_regular_for_write(self._path, append=self._append)
+            self._device = info.st_dev
             if self._mode is not None:
                 os.fchmod(self._fd, self._mode)
             return
@@ -283,9 +297,11 @@ class FileSink:
         # until commit gives it its final mode.
         create_mode = 0o600 if self._final_mode is not None else 0o666
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        self._temp, self._fd = _create_exclusive(
+        self._temp, fd = _create_exclusive(
             self._target, lambda name: os.open(name, flags, create_mode)
         )
+        self._fd = fd
+        self._device = os.fstat(fd).st_dev
 
     def preallocate(self, size: int) -> None:
         """Reserve ``size`` bytes up front so a full disk fails before any data moves."""
@@ -317,6 +333,8 @@ class FileSink:
         if fd is None:
             raise ValueError("commit on a sink that is not open")
         if self._temp is None:
+            if not self._append:
+                os.ftruncate(fd, self._size)
             self._fd = None
             os.close(fd)
             return
@@ -338,6 +356,9 @@ class FileSink:
         """Release the destination; in atomic mode remove the temporary. Never raises."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            with contextlib.suppress(OSError):
+                if self._temp is None and not self._append:
+                    os.ftruncate(fd, self._size)
             with contextlib.suppress(OSError):
                 os.close(fd)
         temp, self._temp = self._temp, None

@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from execd import calls
 from execd.config import Config
 from execd.context import ConnectionLost, Method
 from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
@@ -235,9 +236,11 @@ class ServerProtocol(FramedProtocol):
         if call.rid is not None:
             method = self.server.requests.wrap(call.rid, method, self.connection_id, call.id)
         # Named for the method: a fixed string costs nothing, a numbered name would.
-        self._tasks[call.id] = self._loop.create_task(
-            self._run(call.id, method, params), name=method.name
+        task = calls.start(
+            self._loop, self._run(call.id, method, params), method.name, method.direct
         )
+        if task is not None:
+            self._tasks[call.id] = task
 
     async def _run(self, call_id: int, method: Method, params: Any) -> None:
         try:

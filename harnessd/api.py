@@ -18,6 +18,7 @@ from typing import BinaryIO, Generic, TypeVar
 
 import msgspec
 
+from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
 from harnessd.client import CallHandle, open_connection
 from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
@@ -222,18 +223,21 @@ class ExecdClient(ServicesClient):
         length: int | None = None,
         max_bytes: int | None = None,
         checksum: bool = False,
+        stream: bool = True,
     ) -> AsyncIterator[bytes]:
         """Yield a workspace file's bytes block by block, with bounded memory.
 
         With ``checksum`` both sides hash the content and a mismatch raises
-        ProtocolViolation (it costs a SHA-256 pass on each side).
+        ProtocolViolation (it costs a SHA-256 pass on each side). With
+        ``stream=False`` content that fits one reply frame comes inline in the
+        result (one frame instead of three); larger content streams anyway.
         """
         params = files.ReadParams(
             path=path,
             offset=offset,
             length=length,
             max_bytes=max_bytes,
-            stream=True,
+            stream=stream,
             checksum=checksum,
         )
         handle = self.start(files.READ, params)
@@ -652,7 +656,7 @@ def connect(
     *,
     encrypt: bool | str = False,
     timeout: float = 10.0,
-    keepalive: float | None = 2.0,
+    keepalive: float | None = keepalive_group.DEFAULT_INTERVAL,
     max_frame: int = limits.DEFAULT_MAX_FRAME,
     window: int = limits.DEFAULT_STREAM_WINDOW,
     reattach_within: float = 0.0,
@@ -665,8 +669,9 @@ def connect(
     encoded as UTF-8, and leading and trailing ASCII whitespace is removed, so
     the content of a token file can be passed as read. ``encrypt``: False for
     plaintext frames (loopback), True to require authenticated encryption, or
-    a cipher name. ``keepalive``: seconds between pings; a connection silent
-    for three intervals fails with ConnectionLost. ``reattach_within``: seconds
+    a cipher name. ``keepalive``: seconds between pings (default
+    :data:`harnessd.keepalive.DEFAULT_INTERVAL`, 5); a connection silent for
+    three intervals fails with ConnectionLost. ``reattach_within``: seconds
     the calls in flight on a lost connection wait for another client to
     reattach them (:mod:`harnessd.reattach`; 0, the default: they fail with
     ConnectionLost at once).

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harnessd import keepalive as keepalive_group
 from harnessd import reattach
 from harnessd.api import ExecdClient, connect
 from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
@@ -216,8 +217,7 @@ class Session:
     async def reconnect(self, *, timeout: float | None = None) -> ExecdClient:
         """Connect again to the same execd and make the new client ``session.client``.
 
-        Calls in flight on the previous client are reattached on the new one
-        (:mod:`harnessd.reattach`; a lost connection reconnects by itself).
+        Calls in flight on the old one are reattached (:mod:`harnessd.reattach`).
         Raises ConnectFailed, HandshakeFailed, or ConnectionLost when closed.
         """
         if self._closing is not None:
@@ -378,7 +378,7 @@ def serve(
     encrypt: bool | str = False,
     start_timeout: float = 15.0,
     extra_args: Sequence[str] = (),
-    keepalive: float | None = 2.0,
+    keepalive: float | None = keepalive_group.DEFAULT_INTERVAL,
     connect_timeout: float = 10.0,
     cleanup_timeout: float = 10.0,
     reattach_within: float = reattach.DEFAULT_REATTACH_WITHIN,

@@ -121,12 +121,12 @@ def transcript(n: Negotiated) -> bytes:
 
 def client_mac(token: bytes, transcript_bytes: bytes) -> bytes:
     """The client's proof of the token."""
-    return hmac.new(token, CLIENT_LABEL + transcript_bytes, hashlib.sha256).digest()
+    return hmac.digest(token, CLIENT_LABEL + transcript_bytes, "sha256")
 
 
 def server_mac(token: bytes, transcript_bytes: bytes) -> bytes:
     """The server's proof of the token."""
-    return hmac.new(token, SERVER_LABEL + transcript_bytes, hashlib.sha256).digest()
+    return hmac.digest(token, SERVER_LABEL + transcript_bytes, "sha256")
 
 
 def verify_mac(expected: bytes, received: bytes) -> bool:
@@ -146,12 +146,12 @@ def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int) -> bytes:
     """RFC 5869 HKDF with SHA-256: extract, then expand to ``length`` bytes."""
     if length > 255 * hashlib.sha256().digest_size:
         raise ValueError("HKDF-SHA256 cannot produce that many bytes")
-    prk = hmac.new(salt, ikm, hashlib.sha256).digest()
+    prk = hmac.digest(salt, ikm, "sha256")
     okm = b""
     block = b""
     counter = 1
     while len(okm) < length:
-        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        block = hmac.digest(prk, block + info + bytes([counter]), "sha256")
         okm += block
         counter += 1
     return okm[:length]

@@ -661,7 +661,12 @@ def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Pa
 
 
 def test_cancel_right_behind_its_call_is_answered(daemon: RunningExecd) -> None:
-    """A Cancel in the same read as its Call: the call never started, yet it is answered."""
+    """A Cancel in the same read as its Call is answered.
+
+    A call that had not started is answered CANCELLED; one that finished in its
+    first step (server.noop runs at once, execd.calls) had its Reply on the way
+    before the Cancel was read, which PROTOCOL.md section 8 allows.
+    """
 
     def attack() -> int:
         tried = 0
@@ -676,6 +681,9 @@ def test_cancel_right_behind_its_call_is_answered(daemon: RunningExecd) -> None:
                 call = bytes(peer.conn.send(Call(id=call_id, method=method, params=to_raw(params))))
                 peer.send(call + bytes(peer.conn.send(Cancel(id=call_id))))
                 answer = peer.wait_answer(call_id)
+                if method == "server.noop" and isinstance(answer, Reply):
+                    tried += 1
+                    continue
                 assert isinstance(answer, Error) and answer.code == ErrorCode.CANCELLED, answer
                 tried += 1
             call_id = peer.start("server.echo", {"data": b"alive"})

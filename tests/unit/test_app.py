@@ -17,7 +17,9 @@ from protocol.rpc import all_rpcs
 def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Method]:
     """execd's dispatch table."""
     config = Config(marker="m", state_dir=str(tmp_path_factory.mktemp("state")))
-    return Execd(config, b"t" * 32).methods
+    methods = Execd(config, b"t" * 32).methods
+    methods.load_all()
+    return methods
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +66,22 @@ def test_every_handler_is_named_after_its_method(methods: dict[str, str], namesp
 def test_every_method_is_in_a_known_namespace(methods: dict[str, str]) -> None:
     by_namespace = itertools.groupby(sorted(methods), key=lambda name: name.split(".")[0])
     assert sorted(namespace for namespace, _ in by_namespace) == NAMESPACES
+
+
+def test_capabilities_are_built_on_their_first_call(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    config = Config(marker="m", state_dir=str(tmp_path_factory.mktemp("state")))
+    app = Execd(config, b"t" * 32)
+    assert app.capabilities == []
+    # request.attach is the request table's, which the server holds from the start.
+    assert {name.split(".")[0] for name in app.methods} == {"server", "session", "request"}
+    assert app.methods.get("files.stat") is not None
+    assert [type(c).__name__ for c in app.capabilities] == ["FilesCapability"]
+    # Unknown names stay unknown, in a known namespace or not, and build nothing more.
+    assert app.methods.get("files.frobnicate") is None
+    assert app.methods.get("nowhere.at_all") is None
+    assert app.methods.get("shell") is None
+    assert len(app.capabilities) == 1
+    app.methods.load_all()
+    assert len(app.capabilities) == 6

@@ -1,0 +1,195 @@
+"""``posix_spawn`` with a working directory, through glibc's own ``addchdir_np`` action.
+
+``os.posix_spawn`` has no working-directory action (up to Python 3.13 at
+least), although glibc has had ``posix_spawn_file_actions_addchdir_np`` since
+2.29: the child changes directory after the stdio actions and before exec,
+and a failed ``chdir`` comes back as the call's errno exactly like a failed
+exec. This module calls glibc's ``posix_spawn``/``posix_spawnp`` through
+:mod:`ctypes` with the same actions :func:`execd.spawn._start` gives
+``os.posix_spawn``, plus that one, so a command with a ``cwd`` starts at the
+cost of one without (``subprocess.Popen`` costs about 0.4 ms more here:
+``python -m bench.spawn``).
+
+:func:`available` is false where the C library lacks the action (musl,
+older glibc); callers then use ``subprocess.Popen``. :mod:`ctypes` is
+imported on the first use, not when execd starts.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import itertools
+import operator
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+# glibc's <spawn.h> flags (the same on every Linux architecture).
+_SETSIGDEF: Final = 0x04
+_SETSID: Final = 0x80
+#: Room for glibc's posix_spawnattr_t (336 bytes on x86-64), file actions (80) and sigset_t (128).
+_OPAQUE: Final = 1024
+
+_POINTER_TYPE: Final = "Q"
+
+
+class _Libc:
+    """The C functions this module needs, resolved once."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.addchdir = libc.posix_spawn_file_actions_addchdir_np
+        self.spawn = libc.posix_spawn
+        self.spawnp = libc.posix_spawnp
+        self.actions_init = libc.posix_spawn_file_actions_init
+        self.actions_destroy = libc.posix_spawn_file_actions_destroy
+        self.adddup2 = libc.posix_spawn_file_actions_adddup2
+        self.addopen = libc.posix_spawn_file_actions_addopen
+        self.attr_init = libc.posix_spawnattr_init
+        self.attr_destroy = libc.posix_spawnattr_destroy
+        self.setflags = libc.posix_spawnattr_setflags
+        self.setsigdefault = libc.posix_spawnattr_setsigdefault
+        self.sigemptyset = libc.sigemptyset
+        self.sigaddset = libc.sigaddset
+        for function in (self.spawn, self.spawnp):
+            function.argtypes = [
+                ctypes.POINTER(ctypes.c_int),
+                ctypes.c_char_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            ]
+        self.setflags.argtypes = [ctypes.c_void_p, ctypes.c_short]
+        self.addopen.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_uint,
+        ]
+        self.addchdir.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        if ctypes.sizeof(ctypes.c_void_p) != array.array(_POINTER_TYPE).itemsize:
+            raise OSError(errno.ENOSYS, "pointers of an unexpected size")
+        self.attributes: dict[tuple[bool, tuple[int, ...]], Any] = {}
+
+
+_libc: _Libc | None = None
+_missing = False
+
+
+def _load() -> _Libc | None:
+    global _libc, _missing
+    if _libc is None and not _missing:
+        try:
+            _libc = _Libc()
+        except (OSError, AttributeError):
+            _missing = True
+    return _libc
+
+
+def available() -> bool:
+    """Whether the C library can change directory in a ``posix_spawn`` child."""
+    return _load() is not None
+
+
+def _vector(ctypes: Any, items: list[str]) -> tuple[int, array.array[int], bytes]:
+    """The address of a NULL-terminated ``char *[]`` holding ``items``, and what it points into.
+
+    Both returned objects must stay alive until the call that uses the
+    address returns. One joined, encoded buffer and an ``array`` of the
+    addresses in it, computed by C-level iterators: a ``c_char_p`` array built
+    item by item costs ten times as much. Raises ValueError for a NUL in an item.
+    """
+    joined = "\0".join(items)
+    if joined.count("\0") != max(len(items) - 1, 0):
+        raise ValueError("embedded null byte")
+    blob = (joined + "\0").encode("utf-8", "surrogateescape")
+    base: int = ctypes.cast(ctypes.c_char_p(blob), ctypes.c_void_p).value
+    lengths = map(len, blob.split(b"\0")[: len(items) - 1])
+    starts = map(operator.add, itertools.accumulate(lengths, initial=0), itertools.count(base))
+    pointers = array.array(_POINTER_TYPE, starts if items else ())
+    pointers.append(0)
+    return pointers.buffer_info()[0], pointers, blob
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        raise OSError(code, os.strerror(code))
+
+
+def _attributes(libc: _Libc, setsid: bool, setsigdef: tuple[int, ...]) -> Any:
+    """An initialized ``posix_spawnattr_t`` for these options, made once and kept."""
+    key = (setsid, setsigdef)
+    attr = libc.attributes.get(key)
+    if attr is None:
+        ctypes = libc.ctypes
+        attr = (ctypes.c_char * _OPAQUE)()
+        sigset = (ctypes.c_char * _OPAQUE)()
+        _check(libc.attr_init(attr))
+        flags = _SETSID if setsid else 0
+        if setsigdef:
+            libc.sigemptyset(sigset)
+            for signum in setsigdef:
+                libc.sigaddset(sigset, signum)
+            _check(libc.setsigdefault(attr, sigset))
+            flags |= _SETSIGDEF
+        _check(libc.setflags(attr, flags))
+        libc.attributes[key] = attr
+    return attr
+
+
+def spawn_in(
+    path: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    cwd: str,
+    file_actions: Sequence[tuple[Any, ...]],
+    search: bool,
+    setsid: bool,
+    setsigdef: Sequence[int],
+) -> int:
+    """Start ``argv`` in ``cwd`` like ``os.posix_spawn[p]`` with the same options; its pid.
+
+    ``file_actions`` take ``os.posix_spawn``'s tuple forms (only
+    ``POSIX_SPAWN_DUP2`` and ``POSIX_SPAWN_OPEN``). ``search``: look
+    ``path`` up in this process's ``PATH`` (``posix_spawnp``). Raises
+    ``OSError`` with the errno of a failed ``chdir`` or exec, ``ValueError``
+    for arguments no process can receive, as ``os.posix_spawn`` does.
+    """
+    libc = _load()
+    if libc is None:
+        raise OSError(errno.ENOSYS, "posix_spawn cannot change directory with this C library")
+    ctypes = libc.ctypes
+    if "=" in "".join(env) or "" in env:
+        raise ValueError("illegal environment variable name")
+    if "\0" in path or "\0" in cwd:
+        raise ValueError("embedded null byte")
+    program, directory = os.fsencode(path), os.fsencode(cwd)
+    attr = _attributes(libc, setsid, tuple(setsigdef))
+    actions = (ctypes.c_char * _OPAQUE)()
+    _check(libc.actions_init(actions))
+    try:
+        for action in file_actions:
+            if action[0] == os.POSIX_SPAWN_DUP2:
+                _check(libc.adddup2(actions, action[1], action[2]))
+            elif action[0] == os.POSIX_SPAWN_OPEN:
+                _, fd, name, flags, mode = action
+                _check(libc.addopen(actions, fd, os.fsencode(name), flags, mode))
+            else:
+                raise ValueError(f"unsupported file action {action[0]}")
+        _check(libc.addchdir(actions, directory))
+        argv_address, *argv_keep = _vector(ctypes, list(argv))
+        env_address, *env_keep = _vector(ctypes, list(map("=".join, env.items())))
+        pid = ctypes.c_int(0)
+        function = libc.spawnp if search else libc.spawn
+        _check(function(ctypes.byref(pid), program, actions, attr, argv_address, env_address))
+        del argv_keep, env_keep
+        return int(pid.value)
+    finally:
+        libc.actions_destroy(actions)

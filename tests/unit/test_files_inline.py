@@ -1,0 +1,149 @@
+"""Small local file I/O on the event loop agrees with the worker-thread path, case by case.
+
+Two ``files`` capabilities get the same calls on twin directories: one that
+trusts its directory as local (small reads and plain writes then run inline,
+and its pool never starts a thread) and one that trusts nothing (every unit
+in a worker thread). Results, errors and the files left behind must match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from execd.config import Config
+from execd.errors import ExecdError
+from execd.files import FilesCapability
+from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles, mount_types
+from execd.workers import WorkerPool
+from protocol.rpc.files import ReadParams, WriteParams
+from tests.support.local_ctx import LocalContext
+
+Case = Callable[[FilesCapability, Path], Awaitable[Any]]
+
+
+def _outcome(cap: FilesCapability, root: Path, case: Case) -> tuple[Any, dict[str, Any]]:
+    async def main() -> Any:
+        return await case(cap, root)
+
+    try:
+        result: Any = msgspec.to_builtins(asyncio.run(main()))
+    except ExecdError as exc:
+        result = (type(exc).__name__, exc.message.replace(str(root), "ROOT"), exc.data)
+    if isinstance(result, tuple) and isinstance(result[2], dict) and "path" in result[2]:
+        result[2]["path"] = result[2]["path"].replace(str(root), "ROOT")
+    files = {
+        entry.name: (entry.read_bytes(), stat.S_IMODE(entry.stat().st_mode))
+        for entry in sorted(root.iterdir())
+        if entry.is_file() and not entry.is_fifo()
+    }
+    return result, files
+
+
+def _setup(root: Path) -> None:
+    root.mkdir()
+    (root / "small.txt").write_bytes(b"hello world\n" * 100)
+    (root / "long.txt").write_bytes(b"x" * 10_000)
+    (root / "empty").write_bytes(b"")
+    (root / "edge.bin").write_bytes(bytes(range(256)) * (INLINE_READ_MAX // 256))
+    (root / "dir").mkdir()
+    os.mkfifo(root / "fifo")
+
+
+def _read(**params: Any) -> Case:
+    async def case(cap: FilesCapability, root: Path) -> Any:
+        rest = {key: value for key, value in params.items() if key != "path"}
+        read = ReadParams(path=str(root / params["path"]), checksum=True, **rest)
+        return await cap.files_read(read, LocalContext())
+
+    return case
+
+
+def _write(**params: Any) -> Case:
+    async def case(cap: FilesCapability, root: Path) -> Any:
+        rest = {key: value for key, value in params.items() if key != "path"}
+        write = WriteParams(path=str(root / params["path"]), **{"atomic": False, **rest})
+        return await cap.files_write(write, LocalContext())
+
+    return case
+
+
+INLINE_CASES: dict[str, Case] = {
+    "read whole": _read(path="small.txt"),
+    "read range": _read(path="small.txt", offset=5, length=20),
+    "read past the end": _read(path="small.txt", offset=5000),
+    "read empty": _read(path="empty"),
+    "read at the inline bound": _read(path="edge.bin"),
+    "read over max_bytes": _read(path="small.txt", max_bytes=10),
+    "read missing": _read(path="missing"),
+    "read a directory": _read(path="dir"),
+    "read a fifo": _read(path="fifo"),
+    "write new": _write(path="new.txt", data=b"new content"),
+    "write shorter over longer": _write(path="long.txt", data=b"short"),
+    "write empty over longer": _write(path="long.txt", data=b""),
+    "write with mode": _write(path="small.txt", data=b"moded", mode=0o640),
+    "append": _write(path="small.txt", data=b"tail", append=True),
+    "write a fifo": _write(path="fifo", data=b"x"),
+    "write a directory": _write(path="dir", data=b"x"),
+    "write with expected_size": _write(path="new.txt", data=b"abc", expected_size=3),
+}
+THREAD_CASES: dict[str, Case] = {
+    "write into a missing directory": _write(path="nowhere/new.txt", data=b"x"),
+    "write creating parents": _write(path="a/b/new.txt", data=b"x", create_parents=True),
+    "write over the inline bound": _write(path="big.bin", data=b"z" * (INLINE_MAX + 1)),
+    "atomic write": _write(path="small.txt", data=b"atomic", atomic=True),
+}
+
+
+def _pair(tmp_path: Path) -> tuple[FilesCapability, WorkerPool, FilesCapability, Path, Path]:
+    fast_root, slow_root = tmp_path / "fast", tmp_path / "slow"
+    _setup(fast_root)
+    _setup(slow_root)
+    local = LocalFiles()
+    if not local.note(str(fast_root / "small.txt"), os.stat(fast_root).st_dev):
+        pytest.skip(f"{tmp_path} is not on a local filesystem")
+    pool = WorkerPool()
+    fast = FilesCapability(Config(), pool, local)
+    slow = FilesCapability(Config(), WorkerPool(), LocalFiles(mountinfo="/nonexistent"))
+    return fast, pool, slow, fast_root, slow_root
+
+
+@pytest.mark.parametrize("name", list(INLINE_CASES))
+def test_inline_agrees_with_the_thread_path(tmp_path: Path, name: str) -> None:
+    fast, pool, slow, fast_root, slow_root = _pair(tmp_path)
+    case = INLINE_CASES[name]
+    assert _outcome(fast, fast_root, case) == _outcome(slow, slow_root, case)
+    assert pool.threads == 0, "the call did not run inline"
+
+
+@pytest.mark.parametrize("name", list(THREAD_CASES))
+def test_what_may_wait_keeps_the_thread_and_agrees(tmp_path: Path, name: str) -> None:
+    fast, _, slow, fast_root, slow_root = _pair(tmp_path)
+    case = THREAD_CASES[name]
+    assert _outcome(fast, fast_root, case) == _outcome(slow, slow_root, case)
+
+
+def test_a_directory_is_trusted_only_once_seen_local(tmp_path: Path) -> None:
+    local = LocalFiles()
+    path = str(tmp_path / "file")
+    assert not local.trusted(path)
+    assert local.note(path, os.stat(tmp_path).st_dev) == local.trusted(path)
+    proc = os.stat("/proc/self").st_dev
+    assert not local.note(path, proc) and not local.trusted(path)
+    assert not local.note(path, None)
+
+
+def test_mount_types_parses_mountinfo() -> None:
+    text = (
+        "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n"
+        "40 35 0:52 / /srv rw shared:7 - nfs4 host:/export rw\n"
+        "garbage\n"
+    )
+    assert mount_types(text) == {os.makedev(98, 0): "ext3", os.makedev(0, 52): "nfs4"}
