@@ -17,6 +17,7 @@ import sys
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from execd import limits as command_limits
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method
@@ -127,6 +128,7 @@ class Execd:
             cwd=os.getcwd(),
             ledger_dir=self.config.ledger_dir,
             methods=sorted(self.methods),
+            limits=command_limits.ResourceControl(self.config.limits.command_limits).info(),
         )
 
     async def session_close(self, params: CloseParams, ctx: CallContext) -> CloseReport:
@@ -147,6 +149,7 @@ class Execd:
         result = await marker.cleanup_async(
             self.config.marker_var, self.config.marker, timeout=timeout
         )
+        command_limits.sweep()
         return CloseReport(
             killed=result.killed,
             remaining=list(result.remaining),
@@ -182,6 +185,7 @@ class Execd:
         await self.server.stopping.wait()
         await self.server.close()
         report = await self.cleanup()
+        command_limits.sweep(final=True)
         reaper.reap()
         reaper.stop()
         log.info("shut down: %d processes killed, %d left", report.killed, len(report.remaining))

@@ -60,10 +60,13 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execd import procfs, reaper
 from execd.errors import InvalidParams, SpawnFailed
+
+if TYPE_CHECKING:
+    from execd.limits import Plan
 
 READ_SIZE = 64 * 1024
 """Bytes asked of ``os.read`` per readable event."""
@@ -117,6 +120,7 @@ class Child:
         "_waiters",
         "ended",
         "exited",
+        "limits",
         "pid",
         "started",
         "stderr",
@@ -145,6 +149,7 @@ class Child:
         self.started = started
         self.ended = started
         self.exited: asyncio.Future[int] = loop.create_future()
+        self.limits: Plan | None = None
         self._waiters: list[asyncio.Future[int]] = []
         loop.add_reader(pidfd, self._on_pidfd)
 
@@ -272,6 +277,19 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
     raise _spawn_error(OSError(code, os.strerror(code), name), name, None)
 
 
+def check_program(name: str, env: Mapping[str, str], cwd: str | None) -> None:
+    """Refuse a program file that does not exist or cannot be executed.
+
+    For a start through a shell prelude, which would only report a missing
+    program as exit status 127; raises :class:`SpawnFailed` as a direct
+    spawn would.
+    """
+    path = os.path.join(cwd or "", resolve_program(name, env))
+    if not os.access(path, os.X_OK):
+        code = errno.ENOENT if not os.path.exists(path) else errno.EACCES
+        raise _spawn_error(OSError(code, os.strerror(code), name), name, None)
+
+
 def _high_fd(fd: int) -> int:
     """``fd`` itself, or a close-on-exec duplicate of it above 2."""
     if fd > 2:
@@ -390,8 +408,11 @@ def spawn(
     env: Mapping[str, str],
     cwd: str | None = None,
     stdin_pipe: bool = False,
+    limits: Plan | None = None,
 ) -> Child:
     """Start ``argv`` in a new session with piped stdout/stderr.
+
+    With ``limits`` the command starts behind their prelude (:mod:`execd.limits`).
 
     ``argv[0]`` is searched in the ``PATH`` of ``env``. stdin is a pipe when
     ``stdin_pipe`` is true, otherwise ``/dev/null``. Must be called from a
@@ -407,6 +428,9 @@ def spawn(
     argv = list(argv)
     if "\0" in argv[0]:
         raise InvalidParams("the program name contains a NUL")
+    if limits is not None:
+        check_program(argv[0], env, cwd)
+        argv = limits.wrap(argv)
     fds: list[int] = []
     try:
         out_r, out_w = _pipe()
@@ -458,7 +482,9 @@ def spawn(
             if fd >= 0:
                 os.close(fd)
         raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
-    return Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+    child = Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+    child.limits = limits
+    return child
 
 
 async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM) -> None:

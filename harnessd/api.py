@@ -13,7 +13,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import BinaryIO
 
 import msgspec
@@ -26,6 +26,7 @@ from protocol import limits
 from protocol.api import files, ledger, shell
 from protocol.api import watch as watch_api
 from protocol.api.core import CloseParams, CloseReport, EchoParams, ServerInfo
+from protocol.api.resources import Limits, as_limits
 from protocol.handshake import token_bytes
 
 #: Block size for uploads from local files.
@@ -97,8 +98,13 @@ class ExecdClient(ServicesClient):
         output_cap: int | None = None,
         drain_grace: float | None = None,
         kill_grace: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> shell.RunResult:
-        """Run a command (``argv``, or ``command`` through ``/bin/sh -c``) and collect its output."""
+        """Run a command (``argv``, or ``command`` through ``/bin/sh -c``) and collect its output.
+
+        ``limits``: resource limits (``{"memory": 256 << 20, "cpu": 1.0}`` or a
+        :class:`~protocol.api.resources.Limits`); the result's ``limit_exceeded`` names one hit.
+        """
         params = shell.RunParams(
             argv=argv,
             command=command,
@@ -111,6 +117,7 @@ class ExecdClient(ServicesClient):
             output_cap=output_cap,
             drain_grace=drain_grace,
             kill_grace=kill_grace,
+            limits=as_limits(limits),
         )
         return await self.call(shell.RUN, params, shell.RunResult)
 
@@ -127,6 +134,7 @@ class ExecdClient(ServicesClient):
         idle_timeout: float | None = None,
         drain_grace: float | None = None,
         kill_grace: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> RunningCommand:
         """Start a command whose output streams live; see :class:`RunningCommand`."""
         params = shell.RunParams(
@@ -141,6 +149,7 @@ class ExecdClient(ServicesClient):
             drain_grace=drain_grace,
             kill_grace=kill_grace,
             stream=True,
+            limits=as_limits(limits),
         )
         return RunningCommand(self, self.start(shell.RUN, params))
 
@@ -152,10 +161,17 @@ class ExecdClient(ServicesClient):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> shell.RunResult:
         """Start a command that outlives this connection; the result carries its command_id."""
         params = shell.RunParams(
-            argv=argv, command=command, cwd=cwd, env=env, timeout=timeout, detached=True
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            detached=True,
+            limits=as_limits(limits),
         )
         return await self.call(shell.RUN, params, shell.RunResult)
 

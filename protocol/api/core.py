@@ -6,6 +6,8 @@ from typing import Annotated
 
 import msgspec
 
+from protocol.api.resources import LimitsInfo
+
 
 class NoParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Methods that take nothing accept an empty map (and ignore extra keys)."""
@@ -29,6 +31,8 @@ class ServerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     cwd: str
     ledger_dir: str
     methods: list[str]
+    #: execd's default command limits and how each limit is enforced.
+    limits: LimitsInfo | None = None
 
 
 class CloseParams(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -28,6 +28,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.api.resources import LimitName, Limits, Mechanism
+
 RUN: Final = "shell.run"
 SIGNAL: Final = "shell.signal"
 LIST: Final = "shell.list"
@@ -116,6 +118,7 @@ class RunParams(_Message):
     drain_grace: Seconds | None = None
     kill_grace: Seconds | None = None
     detached: bool = False
+    limits: Limits | None = None
 
 
 class RunResult(_Message):
@@ -145,6 +148,10 @@ class RunResult(_Message):
     stderr_dropped: Count = 0
     pipes_held_open: bool = False
     command_id: str | None = None
+    #: The limit that ended the command, where it can be told (``protocol.api.resources``).
+    limit_exceeded: LimitName | None = None
+    #: How each limit of the command was enforced.
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 # -- shell.signal ----------------------------------------------------------------
@@ -199,6 +206,8 @@ class CommandInfo(_Message):
     stderr_bytes: Count = 0
     pipes_held_open: bool = False
     attached: bool = False
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 class ListParams(_Message):
