@@ -65,10 +65,12 @@ def build_capabilities(config: Config, base_env: dict[str, str]) -> list[Capabil
     from execd.services import ServicesCapability
     from execd.sessions import SessionsCapability
     from execd.shell import ShellCapability
+    from execd.terminal import TerminalCapability
     from execd.watch import WatchCapability
 
     return [
         ShellCapability(config, base_env),
+        TerminalCapability(config, base_env),
         ServicesCapability(config, base_env),
         SessionsCapability(config, base_env),
         FilesCapability(config),

@@ -655,3 +655,23 @@ async def write_all(fd: int, data: bytes | memoryview) -> bool:
             return False
         view = view[written:]
     return True
+
+
+# -- for other spawners (terminals) ------------------------------------------------
+
+DEFAULT_SIGNALS = _DEFAULT_SIGNALS
+spawn_error = _spawn_error
+make_inherited_fds_close_on_exec = _sweep_inherited_fds
+
+
+def watch(pid: int, started: float) -> Child:
+    """A :class:`Child` for a process spawned elsewhere (no pipes), already tracked."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        reaper.untrack(pid)
+        raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
+    return Child(asyncio.get_running_loop(), started, pid, None, pidfd, None, -1, -1)

@@ -22,6 +22,7 @@ from harnessd.api_services import ServicesClient
 from harnessd.client import CallHandle, open_connection
 from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
 from harnessd.opening import Opening
+from harnessd.terminal import TerminalsClient
 from protocol import limits
 from protocol.api import files, ledger, shell
 from protocol.api import watch as watch_api
@@ -59,7 +60,7 @@ def _open_for_upload(local_path: str) -> BinaryIO:
         raise
 
 
-class ExecdClient(ServicesClient):
+class ExecdClient(ServicesClient, TerminalsClient):
     """An authenticated connection to execd with one typed method per RPC."""
 
     # -- core ------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -194,7 +195,8 @@ async def test_memory_cgroup_is_removed_after_the_command(client: ExecdClient) -
     result = await client.run(["true"], limits={"memory": 64 << 20})
     assert result.limits == {"memory": "cgroup-v1"}
     info = await client.server_info()
-    roots = [line.split(":", 2) for line in open(f"/proc/{info.pid}/cgroup").read().splitlines()]
+    own = Path(f"/proc/{info.pid}/cgroup").read_text().splitlines()
+    roots = [line.split(":", 2) for line in own]
     memory_path = next(p for _, c, p in roots if "memory" in c.split(","))
     root = f"/sys/fs/cgroup/memory{memory_path}/execd-{info.pid}"
     await eventually(lambda: not [d for d in os.listdir(root) if d.isdigit()], what="cgroup gone")
