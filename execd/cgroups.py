@@ -9,8 +9,10 @@ it before its first instruction (:mod:`execd.limits` writes its pid into
 ``cgroup.procs`` from the shell that then execs it).
 
 A command's cgroup is removed when the command ends and its processes are
-gone; one that still holds processes (something the command left behind) is
-removed by :meth:`Cgroups.sweep`, which execd runs after its marker cleanup.
+gone; one that still holds processes (something the command left behind), or
+whose command never got to report its end, is removed by
+:meth:`Cgroups.sweep`, which execd runs after its marker cleanup and, killing
+what is left, when it exits.
 
 cgroup v2: a delegated subtree needs execd to move itself out of the cgroup
 whose ``subtree_control`` it enables; this is not done yet, so on a v2-only
@@ -126,7 +128,7 @@ class Cgroups:
     def __init__(self) -> None:
         self.roots: dict[str, str] = {}
         self._seq = itertools.count(1)
-        self._leftover: list[CommandCgroup] = []
+        self._groups: set[CommandCgroup] = set()
         mounts, own = _mount_points(), _own_paths()
         for controller in CONTROLLERS:
             if controller not in mounts or controller not in own:
@@ -167,17 +169,21 @@ class Cgroups:
         except OSError:
             group.remove()
             raise
+        self._groups.add(group)
         return group
 
     def release(self, group: CommandCgroup) -> None:
         """Remove a finished command's cgroup now, or at the next :meth:`sweep`."""
-        if not group.remove():
-            self._leftover.append(group)
+        if group.remove():
+            self._groups.discard(group)
 
     def sweep(self, *, final: bool = False) -> None:
-        """Remove the cgroups left with processes; with ``final`` kill those and remove the roots."""
-        keep = []
-        for group in self._leftover:
+        """Remove the command cgroups that are empty by now.
+
+        With ``final`` (execd exits) every command cgroup goes: what is left in
+        one is killed first; then execd's own subtrees are removed.
+        """
+        for group in list(self._groups):
             if final:
                 # Killed processes leave their cgroup a moment after the signal.
                 for _ in range(50):
@@ -185,9 +191,8 @@ class Cgroups:
                     if group.remove():
                         break
                     time.sleep(0.01)
-            if group.dirs and not group.remove():
-                keep.append(group)
-        self._leftover = keep
+            if group.remove():
+                self._groups.discard(group)
         if final:
             for root in self.roots.values():
                 with contextlib.suppress(OSError):

@@ -17,15 +17,20 @@ enforces which limit is described in :mod:`protocol.api.resources`.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import resource
 import shlex
 import signal
+from typing import TYPE_CHECKING
 
 from execd.cgroups import Cgroups, CommandCgroup
 from execd.errors import InvalidParams, NotSupported, SpawnFailed
 from protocol.api.resources import LIMIT_NAMES, Limits, LimitsInfo, Mechanism
+
+if TYPE_CHECKING:
+    from execd.spawn import Child
 
 SHELL = "/bin/sh"
 
@@ -98,10 +103,16 @@ class Plan:
                 return name
         return by_group
 
-    def release_after(self, status: int) -> None:
-        """Record the verdict on the command's end (``exceeded``), then :meth:`release`."""
-        self.exceeded = self.verdict(status)
-        self.release()
+    def attach(self, child: Child) -> None:
+        """Follow ``child``: at its reaping record the verdict (``exceeded``) and :meth:`release`."""
+        child.limits = self
+
+        def reaped(exited: asyncio.Future[int]) -> None:
+            if not exited.cancelled():
+                self.exceeded = self.verdict(exited.result())
+            self.release()
+
+        child.exited.add_done_callback(reaped)
 
     def release(self) -> None:
         """Remove the command's cgroup (now, or once what it left behind is gone)."""

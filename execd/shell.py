@@ -221,11 +221,9 @@ class _Command:
             await self._ctx.send(api.STDOUT_STREAM, b"", end=True)
             await self._ctx.send(api.STDERR_STREAM, b"", end=True)
         child = self.child
-        plan, status = child.limits, child.exited.result()
-        if plan is not None:
-            plan.release_after(status)
+        plan = child.limits
         return _Outcome(
-            status=status,
+            status=child.exited.result(),
             duration=max(0.0, child.ended - child.started),
             timed_out=reason == "timeout",
             idle_out=reason == "idle",

@@ -483,7 +483,8 @@ def spawn(
                 os.close(fd)
         raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
     child = Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
-    child.limits = limits
+    if limits is not None:
+        limits.attach(child)
     return child
 
 

@@ -235,7 +235,8 @@ class TerminalCapability(CommandCapability):
             os.close(slave)
         reaper.track(pid)
         child = spawning.watch(pid, started)
-        child.limits = plan
+        if plan is not None:
+            plan.attach(child)
         os.set_blocking(master, False)
         writer = os.dup(master)
         return _Terminal(
@@ -255,13 +256,11 @@ class TerminalCapability(CommandCapability):
     async def _supervise(self, term: _Terminal) -> None:
         pump = asyncio.ensure_future(self._pump(term))
         try:
-            status = await term.child.wait()
+            await term.child.wait()
             await asyncio.wait({pump}, timeout=self._limits.drain_grace)
             if not pump.done():
                 term.reader.close()
                 await pump
-            if term.plan is not None:
-                term.plan.release_after(status)
         finally:
             pump.cancel()
             term.reader.close()

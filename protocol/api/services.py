@@ -77,6 +77,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.api.resources import LimitName, Limits, Mechanism
+
 START: Final = "services.start"
 STATUS: Final = "services.status"
 LOGS: Final = "services.logs"
@@ -212,6 +214,8 @@ class StartParams(_Message):
     log: Path | None = None
     probe: Probe | None = None
     restart: RestartPolicy | None = None
+    #: Resource limits of every instance (``protocol.api.resources``).
+    limits: Limits | None = None
 
 
 class RestartParams(_Message):
@@ -245,6 +249,9 @@ class ServiceInfo(_Message):
     ready: bool = False
     log_size: int = 0
     error: str | None = None
+    #: The limit that ended the latest instance, where it can be told; how each limit is enforced.
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 # -- status / list / stop -----------------------------------------------------------------

@@ -60,6 +60,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.api.resources import LimitName, Limits, Mechanism
+
 OPEN: Final = "sessions.open"
 RUN: Final = "sessions.run"
 INTERRUPT: Final = "sessions.interrupt"
@@ -102,6 +104,8 @@ class OpenParams(_Message):
     cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
     env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
     unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    #: Resource limits of the shell and everything it runs (``protocol.api.resources``).
+    limits: Limits | None = None
 
 
 class SessionInfo(_Message):
@@ -120,6 +124,8 @@ class SessionInfo(_Message):
     commands: Count = 0
     exit_code: int | None = None
     signal: int | None = None
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 class RunParams(_Message):

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import harnessd
@@ -200,3 +201,31 @@ async def test_memory_cgroup_is_removed_after_the_command(client: ExecdClient) -
     memory_path = next(p for _, c, p in roots if "memory" in c.split(","))
     root = f"/sys/fs/cgroup/memory{memory_path}/execd-{info.pid}"
     await eventually(lambda: not [d for d in os.listdir(root) if d.isdigit()], what="cgroup gone")
+
+
+async def test_services_take_limits_and_report_the_verdict(client: ExecdClient) -> None:
+    info = await client.start_service(
+        "spin", ["sh", "-c", "ulimit -n; while :; do :; done"], limits={"cpu": 1, "open_files": 99}
+    )
+    assert info.limits == {"cpu": "rlimit", "open_files": "rlimit"}
+
+    async def ended() -> object:
+        status = await client.service_status("spin")
+        return status if status.state == "exited" else None
+
+    final = await eventually(ended, timeout=30, what="service stopped by its cpu limit")
+    assert final.limit_exceeded == "cpu"
+    logs = await client.service_logs("spin")
+    assert b"99" in logs.data
+
+
+async def test_session_shells_take_limits(client: ExecdClient) -> None:
+    opened = await client.open_session("limited", limits={"open_files": 42, "file_size": 1 << 20})
+    assert opened.limits == {"open_files": "rlimit", "file_size": "rlimit"}
+    result = await client.session_run("limited", "ulimit -n; ulimit -f")
+    assert result.stdout.split() == [b"42", b"2048"]
+    # The client checks a mapping; a Struct built by hand is checked by execd.
+    with pytest.raises(msgspec.ValidationError):
+        await client.open_session("bad", limits={"open_files": 1})
+    with pytest.raises(InvalidParams):
+        await client.open_session("bad", limits=Limits(open_files=1))
