@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_limits_spawn_bench_prints_its_rows() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.limits_spawn", "-n", "4", "--batch", "2"],
+        [sys.executable, "-m", "bench.limits_spawn", "-n", "4", "--batch", "2"]
+        + ["--baseline-ref", "HEAD"],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
+        cwd=ROOT,
     )
     rows = {line.split("  ")[0] for line in proc.stdout.splitlines()[2:]}
     assert "no limits" in rows
     assert "rlimits (cpu, open_files)" in rows
-    assert any(row.startswith("baseline no limits") for row in rows)
+    in_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode
+    if in_git == 0:
+        assert "baseline no limits (HEAD)" in rows
