@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCH_ARGS = ("-n", "4", "--batch", "2", "--baseline-ref", "HEAD")
 
 
 def test_the_limits_spawn_bench_prints_its_rows() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.limits_spawn", "-n", "4", "--batch", "2"]
-        + ["--baseline-ref", "HEAD"],
+        [sys.executable, "-m", "bench.limits_spawn", *BENCH_ARGS],
         capture_output=True,
         text=True,
         timeout=120,
