@@ -52,6 +52,7 @@ from execd.errors import (
     AlreadyExited,
     LimitExceeded,
     NoSuchProcess,
+    ProcessLimit,
     ShuttingDown,
     SpawnFailed,
 )
@@ -187,6 +188,12 @@ class TerminalCapability(CommandCapability):
         """``terminal.open``: start a program on a new terminal."""
         if self._closed:
             raise ShuttingDown("the terminal capability is closed")
+        running = sum(1 for t in self._terminals.values() if not t.done.is_set())
+        if running >= self._limits.max_processes:
+            raise ProcessLimit(
+                f"too many running terminals (limit {self._limits.max_processes})",
+                {"limit": self._limits.max_processes},
+            )
         if len(self._terminals) >= self._limits.max_detached:
             raise LimitExceeded(
                 f"too many terminals (limit {self._limits.max_detached})",
