@@ -30,7 +30,11 @@ user, without root and without a shell:
    round waits briefly for the pidfds to report the exits.
 4. *Repeat* until a scan finds nothing, or the timeout expires: a fork bomb
    makes every round find new processes, and the timeout bounds the loop. The
-   report lists whatever the last scan still found.
+   report lists whatever the last scan still found. An empty scan is confirmed
+   by one more after a short pause: a process in the middle of ``execve`` shows
+   an empty ``/proc/PID/environ`` (the kernel releases a vfork parent and
+   switches to the new address space before it records where the new
+   environment lies), so one scan can miss a command that is just starting.
 
 PIDs come only from ``/proc`` scans, never from files a process could write.
 Killed processes are not reaped here: the caller may be their parent and its
@@ -107,6 +111,7 @@ _MAX_ANCESTRY = 65536
 _MIN_DEATH_WAIT = 0.1
 _MAX_DEATH_WAIT = 1.0
 _IDLE_PAUSE = 0.05
+_CONFIRM_PAUSE = 0.005
 _MAX_CLI_TIMEOUT = 3600.0
 _PR_SET_CHILD_SUBREAPER = 36
 _PIDFD_UNAVAILABLE = frozenset({errno.ENOSYS, errno.EPERM})
@@ -522,6 +527,9 @@ def cleanup(
     rounds = 0
     while True:
         pids = _scan(entry, want)
+        if not pids:
+            time.sleep(_CONFIRM_PAUSE)
+            pids = _scan(entry, want)
         if not pids or (rounds and time.monotonic() >= deadline):
             break
         rounds += 1

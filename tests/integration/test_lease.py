@@ -9,7 +9,7 @@ import pytest
 
 import harnessd
 from execd.marker import find_marked
-from tests.conftest import one_loop
+from tests.conftest import eventually, one_loop
 from tests.support import cli
 from tests.support.daemon import RunningExecd
 
@@ -32,7 +32,9 @@ async def test_a_silent_authenticated_connection_does_not_hold_the_lease(
     client = await harnessd.connect(execd.host, execd.port, execd.token, keepalive=None)
     try:
         started = await client.run_detached(["sleep", "300"])
-        assert started.pid in find_marked("EXECD_MARKER", execd.marker)
+        await eventually(
+            lambda: started.pid in find_marked("EXECD_MARKER", execd.marker), what="marked"
+        )
         status = await asyncio.to_thread(execd.proc.wait, LEASE + SLACK)
         assert status == 0
         assert cli.wait_gone([started.pid], 5) == []
