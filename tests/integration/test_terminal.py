@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harnessd.api import ExecdClient
-from harnessd.errors import AlreadyAttached, NoSuchProcess
+from harnessd.errors import AlreadyAttached, NoSuchProcess, ProcessLimit
 from tests.conftest import eventually, one_loop
 
 pytestmark = [pytest.mark.anyio, one_loop]
@@ -148,3 +148,10 @@ async def test_terminals_carry_the_marker_and_take_limits(client: ExecdClient) -
         with open(f"/proc/{term.info.pid}/environ", "rb") as f:
             assert marker.encode() in f.read()
         assert os.readlink(f"/proc/{term.info.pid}/cwd") == "/tmp"
+
+
+@pytest.mark.execd_args("--max-processes", "1")
+async def test_running_terminals_count_against_the_process_limit(client: ExecdClient) -> None:
+    async with await client.open_terminal(["sleep", "30"]):
+        with pytest.raises(ProcessLimit):
+            await client.open_terminal(["sleep", "30"])
