@@ -134,6 +134,7 @@ class Cgroups:
             if controller not in mounts or controller not in own:
                 continue
             base = os.path.join(mounts[controller], own[controller].lstrip("/"))
+            _remove_stale(base)
             root = os.path.join(base, f"execd-{os.getpid()}")
             try:
                 os.mkdir(root, 0o755)
@@ -197,6 +198,22 @@ class Cgroups:
             for root in self.roots.values():
                 with contextlib.suppress(OSError):
                     os.rmdir(root)
+
+
+def _remove_stale(base: str) -> None:
+    """Remove the empty subtrees an execd that died without cleaning up left in ``base``."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(base):
+            owner = entry.removeprefix("execd-")
+            if owner == entry or not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+                continue
+            root = os.path.join(base, entry)
+            with contextlib.suppress(OSError):
+                for child in os.listdir(root):
+                    if child.isdigit():
+                        with contextlib.suppress(OSError):
+                            os.rmdir(os.path.join(root, child))
+                os.rmdir(root)
 
 
 def _write(path: str, value: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import signal
 import subprocess
 import sys
 import termios
@@ -110,3 +111,27 @@ def _drain(master: int) -> bytes:
         if not chunk:
             return data
         data += chunk
+
+
+@pytest.mark.parametrize("way_out", ["sigterm", "lost connection"])
+def test_exec_it_restores_the_terminal_on_every_way_out(execd: RunningExecd, way_out: str) -> None:
+    proc, master, slave = _start(execd, "sh")
+    before = termios.tcgetattr(slave)
+    try:
+        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        os.write(master, b"echo ready-$((6*7))\r")
+        _read_until(master, b"ready-42")
+        if way_out == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        else:
+            execd.proc.kill()
+            execd.proc.wait()
+            assert proc.wait(timeout=30) == 255
+        assert termios.tcgetattr(slave) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
