@@ -266,8 +266,10 @@ class TerminalCapability(CommandCapability):
             await term.child.wait()
             await asyncio.wait({pump}, timeout=self._limits.drain_grace)
             if not pump.done():
+                # Something still holds the terminal open, or an attached client takes
+                # the output slowly: what was read goes to the ring, the rest is dropped.
                 term.reader.close()
-                await pump
+                await asyncio.wait({pump}, timeout=self._limits.drain_grace)
         finally:
             pump.cancel()
             term.reader.close()

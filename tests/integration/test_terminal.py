@@ -155,3 +155,20 @@ async def test_running_terminals_count_against_the_process_limit(client: ExecdCl
     async with await client.open_terminal(["sleep", "30"]):
         with pytest.raises(ProcessLimit):
             await client.open_terminal(["sleep", "30"])
+
+
+async def test_an_attached_reader_loses_nothing_of_a_flood(client: ExecdClient) -> None:
+    # Eight times the daemon's ring: only flow control keeps every byte.
+    size = 8 * 1024 * 1024
+    flood = f"import sys; sys.stdout.write('x' * {size}); sys.stdout.flush()"
+    term = await client.open_terminal([sys.executable, "-c", flood])
+    chunks = term.output()
+    received = len(await anext(chunks))
+    # A reader that stops taking output stops the program (it would finish in well under this).
+    paused = await client.attach_terminal(term.terminal_id).wait(timeout=3)
+    assert paused.state == "running"
+    async for chunk in chunks:
+        received += len(chunk)
+    assert term.lost == 0
+    assert received == size
+    assert term.info.exit_code == 0
