@@ -18,45 +18,13 @@ import msgspec
 import pytest
 
 import harnessd
+from bench.limits_noop import ALLOCATE, FORK
 from harnessd.api import ExecdClient
 from harnessd.errors import InvalidParams, NotSupported
 from protocol.api.resources import Limits
 from tests.conftest import eventually, one_loop
 
 pytestmark = [pytest.mark.anyio, one_loop]
-
-ALLOCATE = """
-import sys
-chunks = []
-try:
-    for _ in range(64):
-        chunks.append(bytearray(16 << 20))
-except MemoryError:
-    print("refused", len(chunks), flush=True)
-    sys.exit(3)
-print("allocated", len(chunks), flush=True)
-"""
-
-FORK = """
-import os, sys, time
-started = 0
-children = []
-for _ in range(200):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    started += 1
-    children.append(pid)
-print(started, flush=True)
-for pid in children:
-    os.kill(pid, 9)
-for pid in children:
-    os.waitpid(pid, 0)
-"""
 
 
 async def _mechanism(client: ExecdClient, name: str) -> str:

@@ -1,4 +1,4 @@
-"""``python -m bench.limits_spawn`` runs and prints a row per approach (no speed is asserted)."""
+"""The limits benches run and print a row per approach or phase (no speed is asserted)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,17 @@ def test_the_limits_spawn_bench_prints_its_rows() -> None:
     in_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode
     if in_git == 0:
         assert "baseline no limits (HEAD)" in rows
+
+
+def test_the_limits_noop_bench_prints_its_phases() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.limits_noop", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        cwd=ROOT,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[2].startswith("idle (baseline)")
+    assert any(line.startswith("cpu 1 s, busy loop") and "cpu via" in line for line in lines)
