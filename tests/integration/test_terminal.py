@@ -172,3 +172,13 @@ async def test_an_attached_reader_loses_nothing_of_a_flood(client: ExecdClient) 
     assert term.lost == 0
     assert received == size
     assert term.info.exit_code == 0
+
+
+async def test_terminals_die_with_the_session(client: ExecdClient, tmp_path: object) -> None:
+    pidfile = os.path.join(str(tmp_path), "pid")
+    term = await client.open_terminal(command=f"sleep 300 & echo $! > {pidfile}; exec sleep 301")
+    background = int(await eventually(lambda: _read(pidfile), what="pid file"))
+    leader = term.info.pid
+    await client.close_session(shutdown=False)
+    await eventually(lambda: not _alive(leader), what="terminal's program gone")
+    await eventually(lambda: not _alive(background), what="its background job gone")
