@@ -60,11 +60,13 @@ from execd.fit import ensure_fits
 from execd.limits import Plan
 from execd.output import ByteRing
 from protocol.api import terminal as api
+from protocol.api.resources import LIMIT_NAMES
 
 log = logging.getLogger(__name__)
 
 _ATTACH_READ = 256 * 1024
-_ATTACH_SPARE = 64
+_ATTACH_SPARE = 96
+"""Room for what a final info adds (exit status, verdict) and the attach result around it."""
 _TERM = "xterm-256color"
 _CD_PRELUDE = 'cd -- "$0" || exit 126\nexec "$@"'
 
@@ -204,6 +206,19 @@ class TerminalCapability(CommandCapability):
             command_environment(self._base_env, (self._marker_var,), params.env, params.unset)
         )
         env.setdefault("TERM", _TERM)
+        # Refused before the program starts if its final info could not reach this client.
+        provisional = api.TerminalInfo(
+            terminal_id="0" * 16,
+            pid=2**31,
+            tty="/dev/pts/" + "9" * 10,
+            title=title_of(argv),
+            state="running",
+            rows=params.rows,
+            cols=params.cols,
+            output_bytes=2**62,
+            limits=dict.fromkeys(LIMIT_NAMES, "unavailable") if params.limits else None,
+        )
+        ensure_fits(provisional, ctx, "the info of the terminal", spare=_ATTACH_SPARE)
         plan = self._resources.plan(params.limits)
         term = self._start(params, argv, env, plan)
         self._terminals[term.terminal_id] = term
@@ -311,6 +326,10 @@ class TerminalCapability(CommandCapability):
         term = self._terminal(params.terminal_id)
         if term.attached:
             raise AlreadyAttached(f"terminal {params.terminal_id[:64]!r} already has a client")
+        # Refused now if the final answer could not carry the terminal's info.
+        ensure_fits(
+            term.info(), ctx, f"the status of terminal {term.terminal_id}", spare=_ATTACH_SPARE
+        )
         term.attached = True
         offset = lost = 0
         try:
@@ -361,6 +380,9 @@ class TerminalCapability(CommandCapability):
     async def terminal_close(self, params: api.CloseParams, ctx: CallContext) -> api.TerminalInfo:
         """``terminal.close``: hang up the terminal's session and report how it ended."""
         term = self._terminal(params.terminal_id)
+        ensure_fits(
+            term.info(), ctx, f"the status of terminal {term.terminal_id}", spare=_ATTACH_SPARE
+        )
         grace = self._limits.kill_grace if params.grace is None else params.grace
         await self._hang_up(term, grace)
         return self._final(term, ctx)
