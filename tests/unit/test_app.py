@@ -18,7 +18,17 @@ def methods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {name: method.handler.__name__ for name, method in app.methods.items()}
 
 
-NAMESPACES = ["files", "ledger", "server", "services", "session", "sessions", "shell", "watch"]
+NAMESPACES = [
+    "files",
+    "ledger",
+    "server",
+    "services",
+    "session",
+    "sessions",
+    "shell",
+    "terminal",
+    "watch",
+]
 
 
 @pytest.mark.parametrize("namespace", NAMESPACES)
