@@ -20,12 +20,12 @@ async def main() -> None:
 
         # A program that wants a terminal: a Python REPL driven by keystrokes.
         async with await client.open_terminal([sys.executable, "-i", "-q"]) as term:
-            await term.read(timeout=10, until=b">>> ")
+            await term.read(timeout=30, until=b">>> ")
             await term.send(b"6 * 7\n")
             # The answer, then the next prompt: the REPL reads again (keys typed earlier may be dropped).
-            assert b"42" in await term.read(timeout=10, until=b"42\r\n>>> ")
+            assert b"42" in await term.read(timeout=30, until=b"42\r\n>>> ")
             await term.send(b"\x04")  # Ctrl-D: end of input, the REPL exits
-            assert (await term.wait(timeout=10)).exit_code == 0
+            assert (await term.wait(timeout=30)).exit_code == 0
     print("limits and terminals: ok")
 
 

@@ -18,20 +18,20 @@ pytestmark = [pytest.mark.anyio, one_loop]
 
 async def test_tty_prints_a_pts_device(client: ExecdClient) -> None:
     term = await client.open_terminal(["tty"])
-    output = await term.read(timeout=10, until=b"\n")
+    output = await term.read(timeout=30, until=b"\n")
     assert re.match(rb"/dev/pts/\d+\r\n", output), output
     assert term.info.tty == output.strip().decode()
-    info = await term.wait(timeout=10)
+    info = await term.wait(timeout=30)
     assert info.exit_code == 0
 
 
 async def test_stty_size_follows_a_resize(client: ExecdClient) -> None:
     async with await client.open_terminal(["sh"], rows=30, cols=100) as term:
         await term.send(b"stty size\n")
-        assert b"30 100" in await term.read(timeout=10, until=b"30 100")
+        assert b"30 100" in await term.read(timeout=30, until=b"30 100")
         await term.resize(40, 132)
         await term.send(b"stty size\n")
-        assert b"40 132" in await term.read(timeout=10, until=b"40 132")
+        assert b"40 132" in await term.read(timeout=30, until=b"40 132")
 
 
 async def test_the_program_sees_sigwinch(client: ExecdClient) -> None:
@@ -42,32 +42,32 @@ async def test_the_program_sees_sigwinch(client: ExecdClient) -> None:
         "time.sleep(30)\n"
     )
     async with await client.open_terminal([sys.executable, "-c", script]) as term:
-        assert b"ready" in await term.read(timeout=10, until=b"ready")
+        assert b"ready" in await term.read(timeout=30, until=b"ready")
         await term.resize(50, 60)
-        assert b"winch" in await term.read(timeout=10, until=b"winch")
+        assert b"winch" in await term.read(timeout=30, until=b"winch")
 
 
 async def test_python_repl_evaluates_keys(client: ExecdClient) -> None:
     async with await client.open_terminal([sys.executable, "-i", "-q"]) as term:
-        assert b">>> " in await term.read(timeout=10, until=b">>> ")
+        assert b">>> " in await term.read(timeout=30, until=b">>> ")
         await term.send(b"6 * 7\n")
-        assert b"42\r\n>>> " in await term.read(timeout=10, until=b">>> ")
+        assert b"42\r\n>>> " in await term.read(timeout=30, until=b">>> ")
         await term.send(b"\x04")
-        info = await term.wait(timeout=10)
+        info = await term.wait(timeout=30)
         assert info.exit_code == 0
 
 
 async def test_ctrl_c_interrupts_sleep_and_the_prompt_returns(client: ExecdClient) -> None:
     async with await client.open_terminal(["sh"], env={"PS1": "PROMPT> "}) as term:
-        assert b"PROMPT> " in await term.read(timeout=10, until=b"PROMPT> ")
+        assert b"PROMPT> " in await term.read(timeout=30, until=b"PROMPT> ")
         await term.send(b"sleep 30; echo after-$?\n")
         await eventually(lambda: _has_child_named(term.info.pid, "sleep"), what="sleep running")
         await term.send(b"\x03")
         # Ctrl-C through the line discipline: SIGINT to the foreground job, the shell survives.
-        output = await term.read(timeout=10, until=b"PROMPT> ")
+        output = await term.read(timeout=30, until=b"PROMPT> ")
         assert b"PROMPT> " in output
         await term.send(b"echo alive\n")
-        assert b"alive" in await term.read(timeout=10, until=b"alive")
+        assert b"alive" in await term.read(timeout=30, until=b"alive")
 
 
 def _has_child_named(parent: int, name: str) -> bool:
@@ -89,7 +89,7 @@ async def test_close_kills_a_double_forked_child(client: ExecdClient, tmp_path: 
     pidfile = os.path.join(str(tmp_path), "pid")
     script = f"(sleep 300 & echo $! > {pidfile}) ; echo started; exec sleep 300"
     term = await client.open_terminal(command=script)
-    assert b"started" in await term.read(timeout=10, until=b"started")
+    assert b"started" in await term.read(timeout=30, until=b"started")
     orphan = int(await eventually(lambda: _read(pidfile), what="pid file"))
     assert _alive(orphan)
     info = await term.close(grace=2)
@@ -119,15 +119,15 @@ def _alive(pid: int) -> bool:
 async def test_detach_and_reattach_replays_recent_output(client: ExecdClient) -> None:
     term = await client.open_terminal(["sh"])
     await term.send(b"echo first-line\n")
-    assert b"first-line" in await term.read(timeout=10, until=b"first-line\r\n")
+    assert b"first-line" in await term.read(timeout=30, until=b"first-line\r\n")
     await term.detach()
     again = client.attach_terminal(term.terminal_id)
-    replay = await again.read(timeout=10, until=b"first-line\r\n")
+    replay = await again.read(timeout=30, until=b"first-line\r\n")
     assert b"first-line" in replay
     with pytest.raises(AlreadyAttached):
         await client.attach_terminal(term.terminal_id).read(timeout=5)
     await again.send(b"exit 3\n")
-    assert (await again.wait(timeout=10)).exit_code == 3
+    assert (await again.wait(timeout=30)).exit_code == 3
 
 
 async def test_output_iterator_streams_until_exit(client: ExecdClient) -> None:
@@ -144,7 +144,7 @@ async def test_terminals_carry_the_marker_and_take_limits(client: ExecdClient) -
     async with await client.open_terminal(
         ["sh", "-c", "ulimit -n; sleep 30"], limits={"open_files": 55}, cwd="/tmp"
     ) as term:
-        assert b"55" in await term.read(timeout=10, until=b"55")
+        assert b"55" in await term.read(timeout=30, until=b"55")
         with open(f"/proc/{term.info.pid}/environ", "rb") as f:
             assert marker.encode() in f.read()
         assert os.readlink(f"/proc/{term.info.pid}/cwd") == "/tmp"
