@@ -47,8 +47,8 @@ from bench.settings import default_tmp
 from bench.stats import percentile
 from harnessd.agent import AgentResult, AgentSession
 from harnessd.launcher import CloseResult, Session, serve
-from harnessd.models import PacedModel, ScriptedModel
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import PacedModel, ScriptedModel
 from harnessd.tools import ToolConfig
 
 SECTION = "10. Agent sessions at scale: one harness process, one execd each"

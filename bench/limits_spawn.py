@@ -40,7 +40,7 @@ import uvloop
 
 from execd import spawn as spawning
 from execd.limits import ResourceControl, shared_cgroups, sweep
-from protocol.api.resources import Limits
+from protocol.rpc.resources import Limits
 
 Sample = Callable[[], Awaitable[None]]
 

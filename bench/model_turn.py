@@ -1,7 +1,7 @@
 """Section 11: the harness's own cost of one model turn against a local chat-completions endpoint.
 
 A turn of the agent loop asks the model for its next step:
-:meth:`harnessd.models.OpenAIChatModel.complete` encodes the conversation
+:meth:`harnessd.openai_model.OpenAIChatModel.complete` encodes the conversation
 and the tool schemas as JSON, POSTs it, waits, and decodes the assistant
 turn. The endpoint here (:mod:`bench.chat_app`, its own process) answers at
 once with a canned two-call turn, so what remains is the harness's share:
@@ -44,7 +44,8 @@ from bench.servers import start_server
 from bench.settings import HOST, LAN_DELAY
 from bench.stats import interleaved, summarize
 from bench.tls import self_signed
-from harnessd.models import ChatMessage, OpenAIChatModel, ToolCall, wire_messages, wire_tools
+from harnessd.models import ChatMessage, ToolCall
+from harnessd.openai_model import OpenAIChatModel, wire_messages, wire_tools
 from harnessd.tools import TOOL_SPECS
 
 HISTORY_TURNS: Final = 12

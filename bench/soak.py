@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 import harnessd
 from execd.marker import cleanup, find_marked
 from harnessd.api import ExecdClient
-from protocol.api.services import LogProbe
 from protocol.ledger_chain import GENESIS_HASH
+from protocol.rpc.services import LogProbe
 
 MIB = 1024 * 1024
 DEFAULT_MAX_RSS_GROWTH_MIB = 32.0
@@ -399,10 +399,10 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
-async def _close_session(daemon: _Execd) -> int:
+async def _shutdown(daemon: _Execd) -> int:
     client = await harnessd.connect(daemon.host, daemon.port, daemon.token)
     try:
-        closed = await client.close_session(shutdown=True, timeout=20)
+        closed = await client.shutdown(timeout=20)
     finally:
         await client.close()
     async with asyncio.timeout(30):
@@ -419,7 +419,7 @@ async def run_soak_async(config: SoakConfig, directory: str | None = None) -> So
         work = os.path.join(root, "work")
         os.mkdir(work)
         report = await soak(daemon.host, daemon.port, daemon.token, daemon.pid, work, config)
-        report.killed_at_close = await _close_session(daemon)
+        report.killed_at_close = await _shutdown(daemon)
         report.leftover = find_marked(MARKER_VAR, daemon.marker)
         return report
     finally:

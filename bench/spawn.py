@@ -39,7 +39,7 @@ import uvloop
 from execd.config import Config
 from execd.shell import ShellCapability
 from execd.spawn import PipeReader, spawn
-from protocol.api.shell import RunParams
+from protocol.rpc.shell import RunParams
 
 Sample = Callable[[], Awaitable[None]]
 

@@ -26,7 +26,7 @@ import uvloop
 
 from execd.config import Config
 from execd.watch import WatchCapability
-from protocol.api.watch import SubscribeParams, WatchEvent
+from protocol.rpc.watch import SubscribeParams, WatchEvent
 
 
 class _TimingContext:

@@ -24,8 +24,8 @@ import msgspec
 from execd import marker
 from execd.app import Execd, StartupError, announce
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
-from protocol.api.resources import LIMIT_NAMES
-from protocol.api.resources import Limits as CommandLimits
+from protocol.rpc.resources import LIMIT_NAMES
+from protocol.rpc.resources import Limits as CommandLimits
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4

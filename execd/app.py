@@ -20,12 +20,13 @@ from typing import Any, Protocol
 from execd import limits as command_limits
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.fit import fit_list, result_budget
 from execd.reaper import Reaper
 from execd.server import Server
 from protocol import limits
-from protocol.api.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
+from protocol.rpc import core
+from protocol.rpc.core import CloseParams, CloseReport, EchoParams, NoParams, ServerInfo
 
 log = logging.getLogger("execd")
 
@@ -106,12 +107,7 @@ class Execd:
         self.methods[method.name] = method
 
     def _core_methods(self) -> list[Method]:
-        return [
-            Method("server.noop", NoParams, self.server_noop),
-            Method("server.echo", EchoParams, self.server_echo),
-            Method("server.info", NoParams, self.server_info),
-            Method("session.close", CloseParams, self.session_close),
-        ]
+        return bind(self, core.RPCS)
 
     async def server_noop(self, params: NoParams, ctx: CallContext) -> None:
         return None

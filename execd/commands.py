@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from execd.config import Config
 from execd.errors import InvalidParams
 from execd.limits import ResourceControl
-from protocol.api.shell import MAX_TITLE
+from protocol.rpc.shell import MAX_TITLE
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 
-from protocol.api.resources import Limits as CommandLimits
+from protocol.rpc.resources import Limits as CommandLimits
 
 DEFAULT_MARKER_VAR = "EXECD_MARKER"
 LEDGER_PATH_VAR = "EXECD_LEDGER_DIR"

@@ -7,6 +7,8 @@ Struct). A handler reports failure by raising an ``execd.errors.ExecdError``.
 A handler is the method named after its RPC with the dot as an underscore
 (``shell.run`` is ``shell_run``, ``watch.wait_for_path`` is
 ``watch_wait_for_path``), so searching for a method's name finds its handler.
+A capability's dispatch entries are its methods' declarations in
+:mod:`protocol.rpc`, each bound to the handler of that name (:func:`bind`).
 
 Cancellation: when the client cancels a call, or its connection drops, the
 dispatcher cancels the handler's task (``asyncio.CancelledError``). Handlers
@@ -19,13 +21,14 @@ stream with :meth:`CallContext.receive`. Handlers never touch sockets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from protocol.errors import ConnectionLost
+from protocol.rpc import Rpc
 
-__all__ = ["CallContext", "ConnectionLost", "Handler", "Method"]
+__all__ = ["CallContext", "ConnectionLost", "Handler", "Method", "bind", "handler_name"]
 
 
 class CallContext(Protocol):
@@ -73,8 +76,28 @@ Handler = Callable[[Any, CallContext], Awaitable[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One entry of the dispatch table: how to decode params, what to run."""
+    """One entry of the dispatch table: a declared RPC and the handler that serves it."""
 
-    name: str
-    params: type
+    rpc: Rpc[Any, Any]
     handler: Handler
+    #: The RPC's name and params type, kept at hand for the dispatcher.
+    name: str = field(init=False)
+    params: type = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.rpc.name)
+        object.__setattr__(self, "params", self.rpc.params)
+
+
+def handler_name(rpc: Rpc[Any, Any]) -> str:
+    """The name of the handler of ``rpc``: ``files.read`` is ``files_read``."""
+    return rpc.name.replace(".", "_")
+
+
+def bind(capability: object, rpcs: Iterable[Rpc[Any, Any]]) -> list[Method]:
+    """The dispatch entries of a capability: each of ``rpcs`` with its handler, found by name.
+
+    ``tests/unit/test_app.py`` holds each handler's annotations to its
+    declaration (params and result types).
+    """
+    return [Method(rpc, getattr(capability, handler_name(rpc))) for rpc in rpcs]

@@ -36,12 +36,12 @@ from collections.abc import AsyncIterator, Iterator
 
 from execd import fsops
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
 from execd.workers import Work, WorkerPool
-from protocol.api import files as api
-from protocol.api.files import (
+from protocol.rpc import files as rpc
+from protocol.rpc.files import (
     DATA_STREAM,
     ChmodParams,
     ChmodResult,
@@ -132,17 +132,7 @@ class FilesCapability:
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method(api.READ, ReadParams, self.files_read),
-            Method(api.WRITE, WriteParams, self.files_write),
-            Method(api.STAT, StatParams, self.files_stat),
-            Method(api.LIST, ListParams, self.files_list),
-            Method(api.MKDIR, MkdirParams, self.files_mkdir),
-            Method(api.REMOVE, RemoveParams, self.files_remove),
-            Method(api.MOVE, MoveParams, self.files_move),
-            Method(api.CHMOD, ChmodParams, self.files_chmod),
-            Method(api.SHA256, Sha256Params, self.files_sha256),
-        ]
+        return bind(self, rpc.RPCS)
 
     def _work(self, ctx: CallContext) -> Work:
         """The blocking units of one call, in its connection's share of the pool."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from execd.errors import CrossDevice, InvalidPath, NotSupported
-from protocol.api.files import MAX_PATH, FileType, ListEntry, ListResult, StatResult
+from protocol.rpc.files import MAX_PATH, FileType, ListEntry, ListResult, StatResult
 
 BLOCK = 1024 * 1024
 """Unit of file I/O: one read, write or hash step per worker-thread call."""

@@ -3,7 +3,7 @@
 The harness keeps each agent session's history as a ledger and syncs it here
 after every turn; tools in the workspace read the files (layout, durability
 and recovery: :mod:`execd.ledger_store`; method semantics and the ``entries``
-stream framing: :mod:`protocol.api.ledger`; the hash chain:
+stream framing: :mod:`protocol.rpc.ledger`; the hash chain:
 :mod:`protocol.ledger_chain`).
 
 Theory of operation. :class:`LedgerStore` keeps one slot per session it has
@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from typing import ParamSpec, TypeVar
 
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import EntryTooLarge, ShuttingDown, from_oserror
 from execd.fit import fit_list, result_budget
 from execd.ledger_store import (
@@ -41,8 +41,8 @@ from execd.ledger_store import (
     LedgerFile,
     LedgerReader,
 )
-from protocol.api import ledger as api
-from protocol.api.ledger import (
+from protocol.rpc import ledger as rpc
+from protocol.rpc.ledger import (
     AppendLargeParams,
     AppendParams,
     HeadParams,
@@ -236,7 +236,7 @@ class LedgerStore:
         """Hand the records ``from_seq ..`` (at most ``limit``) to ``send``, in pieces.
 
         The records are the exact bytes of the data file (the framing of
-        :mod:`protocol.api.ledger`); the range ends at the head current when the
+        :mod:`protocol.rpc.ledger`); the range ends at the head current when the
         read starts.
         """
         async with self._ledger(session) as ledger:
@@ -295,13 +295,7 @@ class LedgerCapability:
 
     def methods(self) -> list[Method]:
         """The dispatch-table entries of this capability."""
-        return [
-            Method(api.APPEND, AppendParams, self.ledger_append),
-            Method(api.APPEND_LARGE, AppendLargeParams, self.ledger_append_large),
-            Method(api.HEAD, HeadParams, self.ledger_head),
-            Method(api.READ, ReadParams, self.ledger_read),
-            Method(api.LIST, ListParams, self.ledger_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Finish running appends and release every file."""
@@ -322,7 +316,7 @@ class LedgerCapability:
             params.prev_hash,
             params.size,
             params.sha256,
-            ctx.receive(api.DATA_STREAM),
+            ctx.receive(rpc.DATA_STREAM),
             params.hash,
         )
         return _wire(head)
@@ -335,10 +329,10 @@ class LedgerCapability:
         """``ledger.read``: records on stream ``"entries"``, then the stream's end."""
 
         async def send(data: bytes) -> None:
-            await ctx.send(api.ENTRIES_STREAM, data)
+            await ctx.send(rpc.ENTRIES_STREAM, data)
 
         outcome = await self.store.read(params.session, params.from_seq, params.limit, send)
-        await ctx.send(api.ENTRIES_STREAM, b"", end=True)
+        await ctx.send(rpc.ENTRIES_STREAM, b"", end=True)
         return ReadResult(last_seq=outcome.last_seq, count=outcome.count, head=_wire(outcome.head))
 
     async def ledger_list(self, params: ListParams, ctx: CallContext) -> ListResult:

@@ -65,8 +65,8 @@ import struct
 from dataclasses import dataclass
 
 from execd.errors import InvalidParams, LedgerConflict, LedgerCorrupt
-from protocol.api.ledger import RECORD_HEADER, RECORD_HEADER_SIZE
 from protocol.ledger_chain import GENESIS_HASH, EntryHasher, chain_hashes
+from protocol.rpc.ledger import RECORD_HEADER, RECORD_HEADER_SIZE, encode_record_header
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class LedgerFile:
         slots: list[bytes] = []
         offset = self._end
         for index, payload in enumerate(payloads):
-            buffers.append(RECORD_HEADER.pack(len(payload), first_seq + index, hashes[index]))
+            buffers.append(encode_record_header(first_seq + index, hashes[index], len(payload)))
             buffers.append(payload)
             slots.append(_SLOT.pack(offset))
             offset += RECORD_HEADER_SIZE + len(payload)
@@ -506,7 +506,7 @@ class LargeEntryWriter:
         digest = self._hasher.digest()
         if expected_hash is not None and expected_hash != digest:
             raise _hash_mismatch(self._seq, digest)
-        header = RECORD_HEADER.pack(self._size, self._seq, digest)
+        header = encode_record_header(self._seq, digest, self._size)
         ledger, files = self._ledger, self._files
         try:
             _pwrite_all(files.data_fd, [header], self._start)

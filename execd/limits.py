@@ -12,7 +12,7 @@ added work is a ``None`` check); ``python -m bench.spawn`` measures both.
 
 :class:`ResourceControl` holds a capability's defaults (execd's command-line
 flags) and turns a call's ``limits`` into a :class:`Plan`; which mechanism
-enforces which limit is described in :mod:`protocol.api.resources`.
+enforces which limit is described in :mod:`protocol.rpc.resources`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from execd.cgroups import Cgroups, CommandCgroup
 from execd.errors import InvalidParams, NotSupported, SpawnFailed
-from protocol.api.resources import LIMIT_NAMES, Limits, LimitsInfo, Mechanism
+from protocol.rpc.resources import LIMIT_NAMES, Limits, LimitsInfo, Mechanism
 
 if TYPE_CHECKING:
     from execd.spawn import Child

@@ -150,11 +150,6 @@ class HeadTailBuffer:
         """Bytes written but kept neither in the head nor in the tail."""
         return self._tail.total - len(self._tail)
 
-    @property
-    def head_size(self) -> int:
-        """How many bytes of :meth:`getvalue` belong to the head."""
-        return len(self._head)
-
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data``."""
         view = memoryview(data).cast("B")

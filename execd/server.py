@@ -55,7 +55,7 @@ from execd.context import ConnectionLost, Method
 from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
 from execd.memory import Trimmer
 from protocol import limits
-from protocol.bridge import FramedProtocol, TransportClosed
+from protocol.bridge import FramedProtocol
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
 from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
 from protocol.errors import ErrorCode, LocalProtocolError
@@ -93,21 +93,10 @@ class _CallContext:
         return self._proto.conn.max_chunk
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
-        try:
-            await self._proto.send_stream(self._call_id, stream, data, end=end)
-        except TransportClosed as exc:
-            raise ConnectionLost(str(exc)) from None
+        await self._proto.send_stream(self._call_id, stream, data, end=end)
 
-    async def receive(self, stream: str) -> AsyncIterator[bytes]:
-        source = self._proto.inbound(self._call_id, stream)
-        while True:
-            try:
-                data = await source.read()
-            except TransportClosed as exc:
-                raise ConnectionLost(str(exc)) from None
-            if data is None:
-                return
-            yield data
+    def receive(self, stream: str) -> AsyncIterator[bytes]:
+        return self._proto.stream(self._call_id, stream).chunks()
 
     async def push_event(self, topic: int, name: str, data: Any) -> None:
         proto = self._proto
@@ -117,11 +106,8 @@ class _CallContext:
                 f"event {name!r} of {len(raw)} bytes does not fit the client's frame cap",
                 {"size": len(raw), "limit": proto.conn.peer_max_frame - limits.CHUNK_OVERHEAD},
             )
-        try:
-            proto.write(proto.conn.send(Event(topic=topic, name=name, data=raw)))
-            await proto.drain()
-        except TransportClosed as exc:
-            raise ConnectionLost(str(exc)) from None
+        proto.send(Event(topic=topic, name=name, data=raw))
+        await proto.drain()
 
     def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
         self._proto.add_close_callback(callback)
@@ -318,16 +304,13 @@ class ServerProtocol(FramedProtocol):
 
     def _send_final(self, message: Reply | Error, call_id: int) -> None:
         try:
-            frame = self.conn.send(message)
+            self.send(message)
+        except ConnectionLost:
+            pass  # every call of a closed connection is lost (PROTOCOL.md 8)
         except LocalProtocolError as exc:
             log.error(
                 "connection %d: cannot send answer to call %d: %s", self.connection_id, call_id, exc
             )
-            return
-        self.drop_streams(call_id)
-        transport = self.transport
-        if not self.closed and transport is not None:
-            transport.write(frame)
 
 
 class Server:
@@ -426,10 +409,6 @@ class Server:
             self._authenticated.discard(proto)
             if not self._authenticated:
                 self._lease_since = time.monotonic()
-
-    @property
-    def connection_count(self) -> int:
-        return len(self._unauthenticated) + len(self._authenticated)
 
     def spawn_background(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` as a task the server keeps a reference to."""

@@ -28,7 +28,7 @@ from execd import spawn as spawning
 from execd.commands import command_argv
 from execd.errors import InvalidParams
 from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile
-from protocol.api import services as api
+from protocol.rpc import services as rpc
 
 _LINE_CAP = 64 * 1024
 _MAX_ATTEMPT_CONNECT = 2.0
@@ -38,19 +38,19 @@ _MAX_ATTEMPT_CONNECT = 2.0
 class Readiness:
     """A validated probe: the log pattern compiled, the command's argv built."""
 
-    probe: api.Probe
+    probe: rpc.Probe
     pattern: re.Pattern[str] | None = None
     argv: list[str] | None = None
 
     @classmethod
-    def of(cls, probe: api.Probe | None) -> Readiness | None:
+    def of(cls, probe: rpc.Probe | None) -> Readiness | None:
         """Validate ``probe`` (raises InvalidParams); ``None`` for no probe."""
-        if isinstance(probe, api.LogProbe):
+        if isinstance(probe, rpc.LogProbe):
             try:
                 return cls(probe, pattern=re.compile(probe.pattern))
             except re.error as exc:
                 raise InvalidParams(f"invalid log probe pattern: {exc}") from None
-        if isinstance(probe, api.CommandProbe):
+        if isinstance(probe, rpc.CommandProbe):
             return cls(probe, argv=command_argv(probe.argv, probe.command, "a command probe"))
         return None if probe is None else cls(probe)
 
@@ -73,17 +73,17 @@ async def wait_ready(
     ``env`` and ``cwd`` are the service's, for a command probe.
     """
     probe = readiness.probe
-    if isinstance(probe, api.TcpProbe):
+    if isinstance(probe, rpc.TcpProbe):
         await _probe_tcp(probe)
-    elif isinstance(probe, api.LogProbe):
+    elif isinstance(probe, rpc.LogProbe):
         assert readiness.pattern is not None
         await _probe_log(log_file, log_offset, readiness.pattern)
     else:
-        assert isinstance(probe, api.CommandProbe) and readiness.argv is not None
+        assert isinstance(probe, rpc.CommandProbe) and readiness.argv is not None
         await _probe_command(readiness.argv, probe, env, cwd)
 
 
-async def _probe_tcp(probe: api.TcpProbe) -> None:
+async def _probe_tcp(probe: rpc.TcpProbe) -> None:
     attempt = min(_MAX_ATTEMPT_CONNECT, max(probe.interval, 0.5))
     while True:
         try:
@@ -127,7 +127,7 @@ def _discard(_: bytes) -> None:
 
 
 async def _probe_command(
-    argv: list[str], probe: api.CommandProbe, env: Mapping[str, str], cwd: str | None
+    argv: list[str], probe: rpc.CommandProbe, env: Mapping[str, str], cwd: str | None
 ) -> None:
     while True:
         child = spawning.spawn(argv, env=env, cwd=cwd)

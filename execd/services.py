@@ -60,7 +60,7 @@ from execd.commands import (
     title_of,
 )
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import (
     ExecdError,
     InvalidParams,
@@ -75,8 +75,8 @@ from execd.errors import (
 from execd.fit import encoded_size, ensure_fits, fit_list, result_budget
 from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile, tail_start, tail_text
 from execd.service_probes import Readiness, wait_ready
-from protocol.api import services as api
-from protocol.api.resources import Limits
+from protocol.rpc import services as rpc
+from protocol.rpc.resources import Limits
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class _Spec:
     env: Mapping[str, str]
     log_path: str
     readiness: Readiness | None
-    restart: api.RestartPolicy
+    restart: rpc.RestartPolicy
     title: str
     limits: Limits | None = None
 
@@ -140,7 +140,7 @@ class _Service:
     spec: _Spec
     log: LogFile
     sub_marker: str
-    state: api.ServiceState = "starting"
+    state: rpc.ServiceState = "starting"
     instance: _Instance | None = None
     restarts: int = 0
     ready: bool = False
@@ -164,9 +164,9 @@ class _Service:
         """Ended for good, and every pipe of every instance read to its end."""
         return not self.live and not self.readers
 
-    def info(self) -> api.ServiceInfo:
+    def info(self) -> rpc.ServiceInfo:
         inst = self.instance
-        info = api.ServiceInfo(
+        info = rpc.ServiceInfo(
             name=self.name,
             state=self.state,
             title=self.spec.title,
@@ -203,14 +203,7 @@ class ServicesCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method(api.START, api.StartParams, self.services_start),
-            Method(api.STATUS, api.StatusParams, self.services_status),
-            Method(api.LOGS, api.LogsParams, self.services_logs),
-            Method(api.STOP, api.StopParams, self.services_stop),
-            Method(api.RESTART, api.RestartParams, self.services_restart),
-            Method(api.LIST, api.ListParams, self.services_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Stop every service (SIGTERM, grace, SIGKILL, sweep) and forget them all."""
@@ -252,7 +245,7 @@ class ServicesCapability(CommandCapability):
                 raise from_oserror(exc) from None
         return os.path.join(self._log_dir, f"{name}.log")
 
-    def _spec(self, params: api.StartParams, sub_marker: str) -> _Spec:
+    def _spec(self, params: rpc.StartParams, sub_marker: str) -> _Spec:
         argv = command_argv(params.argv, params.command)
         env = command_environment(
             self._base_env,
@@ -272,7 +265,7 @@ class ServicesCapability(CommandCapability):
             env=env,
             log_path=log_path,
             readiness=Readiness.of(params.probe),
-            restart=params.restart or api.RestartPolicy(),
+            restart=params.restart or rpc.RestartPolicy(),
             title=title_of(argv),
             limits=params.limits,
         )
@@ -410,7 +403,7 @@ class ServicesCapability(CommandCapability):
         if report.remaining:
             log.warning("service %s: processes %s survived the sweep", rec.name, report.remaining)
 
-    async def _stop(self, rec: _Service, sig: int, grace: float) -> api.ServiceInfo:
+    async def _stop(self, rec: _Service, sig: int, grace: float) -> rpc.ServiceInfo:
         """Stop ``rec`` for good; see the module docstring."""
         async with rec.lock:
             rec.stopping = True
@@ -431,7 +424,7 @@ class ServicesCapability(CommandCapability):
 
     # -- readiness -----------------------------------------------------------------
 
-    async def _await_ready(self, rec: _Service, inst: _Instance) -> api.ServiceInfo:
+    async def _await_ready(self, rec: _Service, inst: _Instance) -> rpc.ServiceInfo:
         """Wait for the probe of a fresh start; fail and clean up as documented."""
         readiness = rec.spec.readiness
         generation = rec.generation
@@ -495,13 +488,13 @@ class ServicesCapability(CommandCapability):
 
     # -- services.start / restart ---------------------------------------------------
 
-    async def services_start(self, params: api.StartParams, ctx: CallContext) -> api.ServiceInfo:
+    async def services_start(self, params: rpc.StartParams, ctx: CallContext) -> rpc.ServiceInfo:
         """``services.start``: spawn a service and wait until it is ready."""
         self._check_open()
         sub_marker = secrets.token_hex(16)
         spec = self._spec(params, sub_marker)
         # Refused before anything starts if the reply could not carry the service's info.
-        provisional = api.ServiceInfo(
+        provisional = rpc.ServiceInfo(
             name=params.name, state="starting", title=spec.title, log_path=spec.log_path
         )
         ensure_fits(provisional, ctx, f"the info of service {params.name!r}", spare=_INFO_SPARE)
@@ -528,8 +521,8 @@ class ServicesCapability(CommandCapability):
         return await self._await_ready(rec, inst)
 
     async def services_restart(
-        self, params: api.RestartParams, ctx: CallContext
-    ) -> api.ServiceInfo:
+        self, params: rpc.RestartParams, ctx: CallContext
+    ) -> rpc.ServiceInfo:
         """``services.restart``: stop, then start again with the same parameters."""
         self._check_open()
         rec = self._get(params.name)
@@ -546,17 +539,17 @@ class ServicesCapability(CommandCapability):
 
     # -- status / list / stop -----------------------------------------------------------
 
-    async def services_status(self, params: api.StatusParams, ctx: CallContext) -> api.ServiceInfo:
+    async def services_status(self, params: rpc.StatusParams, ctx: CallContext) -> rpc.ServiceInfo:
         """``services.status``: one service's state."""
         return self._get(params.name).info()
 
-    async def services_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
+    async def services_list(self, params: rpc.ListParams, ctx: CallContext) -> rpc.ListResult:
         """``services.list``: every remembered service (as many as fit the reply)."""
         infos = [rec.info() for rec in self._services.values()]
         services, truncated = fit_list(infos, result_budget(ctx) - _RESULT_FIELDS)
-        return api.ListResult(services=services, truncated=truncated)
+        return rpc.ListResult(services=services, truncated=truncated)
 
-    async def services_stop(self, params: api.StopParams, ctx: CallContext) -> api.ServiceInfo:
+    async def services_stop(self, params: rpc.StopParams, ctx: CallContext) -> rpc.ServiceInfo:
         """``services.stop``: signal, grace, SIGKILL of the group, sweep; the final state."""
         rec = self._get(params.name)
         ensure_fits(rec.info(), ctx, f"the info of service {rec.name!r}", spare=_INFO_SPARE)
@@ -565,7 +558,7 @@ class ServicesCapability(CommandCapability):
 
     # -- logs -----------------------------------------------------------------------------
 
-    async def services_logs(self, params: api.LogsParams, ctx: CallContext) -> api.LogsResult:
+    async def services_logs(self, params: rpc.LogsParams, ctx: CallContext) -> rpc.LogsResult:
         """``services.logs``: a tail or range of the log, or a live follow."""
         rec = self._get(params.name)
         if params.offset is not None and params.lines is not None:
@@ -581,13 +574,13 @@ class ServicesCapability(CommandCapability):
             floor = max(0, size - _cap(params.nbytes))
             lines = params.lines
             if lines is None and params.nbytes is None:
-                lines = api.DEFAULT_LOG_LINES
+                lines = rpc.DEFAULT_LOG_LINES
             start = floor if lines is None else tail_start(log_file, size, lines, floor)
             end = size
         if params.follow:
             return await self._follow(rec, start, ctx)
         # At most what fits the reply: the newest bytes of a tail, the first of a range.
-        room = result_budget(ctx) - encoded_size(api.LogsResult(start=start, end=end, size=size))
+        room = result_budget(ctx) - encoded_size(rpc.LogsResult(start=start, end=end, size=size))
         room -= _RESULT_FIELDS
         if end - start > room:
             if params.offset is None:
@@ -595,9 +588,9 @@ class ServicesCapability(CommandCapability):
             else:
                 end = start + max(room, 0)
         data = log_file.pread(start, end - start)
-        return api.LogsResult(start=start, end=start + len(data), size=size, data=data)
+        return rpc.LogsResult(start=start, end=start + len(data), size=size, data=data)
 
-    async def _follow(self, rec: _Service, offset: int, ctx: CallContext) -> api.LogsResult:
+    async def _follow(self, rec: _Service, offset: int, ctx: CallContext) -> rpc.LogsResult:
         log_file = rec.log
         first = offset
         while not log_file.closed:
@@ -608,7 +601,7 @@ class ServicesCapability(CommandCapability):
             if offset < size:
                 data = log_file.pread(offset, min(size - offset, FOLLOW_CHUNK))
                 if data:
-                    await ctx.send(api.LOG_STREAM, data)
+                    await ctx.send(rpc.LOG_STREAM, data)
                     offset += len(data)
                     continue
             if rec.drained():
@@ -616,12 +609,12 @@ class ServicesCapability(CommandCapability):
                     break
                 continue
             await asyncio.wait({waiter}, timeout=FOLLOW_POLL)
-        await ctx.send(api.LOG_STREAM, b"", end=True)
-        return api.LogsResult(start=first, end=offset, size=log_file.size())
+        await ctx.send(rpc.LOG_STREAM, b"", end=True)
+        return rpc.LogsResult(start=first, end=offset, size=log_file.size())
 
 
 def _cap(nbytes: int | None) -> int:
-    return api.MAX_LOG_READ if nbytes is None else min(nbytes, api.MAX_LOG_READ)
+    return rpc.MAX_LOG_READ if nbytes is None else min(nbytes, rpc.MAX_LOG_READ)
 
 
 __all__ = ["SERVICE_MARKER_VAR", "ServicesCapability"]

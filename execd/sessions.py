@@ -76,7 +76,7 @@ from execd.commands import (
     private_root,
 )
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import (
     LimitExceeded,
     NoSuchSession,
@@ -89,7 +89,7 @@ from execd.errors import (
 )
 from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
 from execd.output import HeadTailBuffer, fit_pair
-from protocol.api import sessions as api
+from protocol.rpc import sessions as rpc
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ class _Session:
     pipes: list[_OutputPipe] = field(default_factory=list)
     status_buf: bytearray = field(default_factory=bytearray)
     current: _Run | None = None
-    task: asyncio.Task[api.RunResult] | None = None
+    task: asyncio.Task[rpc.RunResult] | None = None
     commands: int = 0
 
     @property
@@ -237,11 +237,11 @@ class _Session:
         except OSError:
             return None
 
-    def info(self) -> api.SessionInfo:
-        state: api.SessionState = (
+    def info(self) -> rpc.SessionInfo:
+        state: rpc.SessionState = (
             "dead" if not self.alive else "busy" if self.current is not None else "idle"
         )
-        info = api.SessionInfo(
+        info = rpc.SessionInfo(
             name=self.name,
             pid=self.child.pid,
             state=state,
@@ -257,10 +257,10 @@ class _Session:
         return info
 
 
-def _provisional_info(params: api.OpenParams) -> api.SessionInfo:
+def _provisional_info(params: rpc.OpenParams) -> rpc.SessionInfo:
     """The info of a session about to open, as large as it will be."""
     where = os.path.abspath(params.cwd or os.getcwd())
-    return api.SessionInfo(name=params.name, pid=2**31, state="idle", created=0.0, cwd=where)
+    return rpc.SessionInfo(name=params.name, pid=2**31, state="idle", created=0.0, cwd=where)
 
 
 class SessionsCapability(CommandCapability):
@@ -277,13 +277,7 @@ class SessionsCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method(api.OPEN, api.OpenParams, self.sessions_open),
-            Method(api.RUN, api.RunParams, self.sessions_run),
-            Method(api.INTERRUPT, api.InterruptParams, self.sessions_interrupt),
-            Method(api.CLOSE, api.CloseParams, self.sessions_close),
-            Method(api.LIST, api.ListParams, self.sessions_list),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Kill every session and everything it started."""
@@ -372,7 +366,7 @@ class SessionsCapability(CommandCapability):
 
     # -- sessions.open ---------------------------------------------------------
 
-    async def sessions_open(self, params: api.OpenParams, ctx: CallContext) -> api.SessionInfo:
+    async def sessions_open(self, params: rpc.OpenParams, ctx: CallContext) -> rpc.SessionInfo:
         """``sessions.open``: start a named shell."""
         if self._closed:
             raise ShuttingDown("the sessions capability is closed")
@@ -420,7 +414,7 @@ class SessionsCapability(CommandCapability):
             raise
         return sess.info()
 
-    def _start_shell(self, params: api.OpenParams, env: Mapping[str, str], sub: str) -> _Session:
+    def _start_shell(self, params: rpc.OpenParams, env: Mapping[str, str], sub: str) -> _Session:
         fds: list[int] = []
         directory = ""
         try:
@@ -529,7 +523,7 @@ class SessionsCapability(CommandCapability):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    async def sessions_run(self, params: api.RunParams, ctx: CallContext) -> api.RunResult:
+    async def sessions_run(self, params: rpc.RunParams, ctx: CallContext) -> rpc.RunResult:
         """``sessions.run``: run one command in the session's shell."""
         sess = self._live(params.name)
         if sess.current is not None:
@@ -541,7 +535,7 @@ class SessionsCapability(CommandCapability):
         task = self._background.spawn(self._supervise(sess, run, params.timeout, grace))
         sess.task = task
         try:
-            result: api.RunResult = await asyncio.shield(task)
+            result: rpc.RunResult = await asyncio.shield(task)
         except asyncio.CancelledError:
             if not run.abort.done():
                 run.abort.set_result(None)
@@ -556,7 +550,7 @@ class SessionsCapability(CommandCapability):
 
     async def _supervise(
         self, sess: _Session, run: _Run, timeout: float | None, grace: float
-    ) -> api.RunResult:
+    ) -> rpc.RunResult:
         try:
             waiting: set[asyncio.Future[Any]] = {run.done, sess.child.exited, run.abort}
             await asyncio.wait(waiting, timeout=timeout, return_when="FIRST_COMPLETED")
@@ -588,11 +582,11 @@ class SessionsCapability(CommandCapability):
         sess.child.signal(signal.SIGKILL)
         await asyncio.wait({sess.child.exited}, timeout=_EXIT_WAIT)
 
-    def _result(self, sess: _Session, run: _Run) -> api.RunResult:
+    def _result(self, sess: _Session, run: _Run) -> rpc.RunResult:
         for pipe in sess.pipes:
             pipe.drain()
         loop = asyncio.get_running_loop()
-        result = api.RunResult(
+        result = rpc.RunResult(
             stdout=run.out.getvalue(),
             stderr=run.err.getvalue(),
             stdout_dropped=run.out.dropped,
@@ -614,17 +608,17 @@ class SessionsCapability(CommandCapability):
     # -- sessions.interrupt / close / list ---------------------------------------
 
     async def sessions_interrupt(
-        self, params: api.InterruptParams, ctx: CallContext
-    ) -> api.InterruptResult:
+        self, params: rpc.InterruptParams, ctx: CallContext
+    ) -> rpc.InterruptResult:
         """``sessions.interrupt``: SIGINT to the running command, if any."""
         sess = self._live(params.name)
         run = sess.current
         if run is None or run.done.done():
-            return api.InterruptResult(sent=False)
+            return rpc.InterruptResult(sent=False)
         run.interrupted = True
-        return api.InterruptResult(sent=sess.child.signal(signal.SIGINT))
+        return rpc.InterruptResult(sent=sess.child.signal(signal.SIGINT))
 
-    async def sessions_close(self, params: api.CloseParams, ctx: CallContext) -> api.CloseResult:
+    async def sessions_close(self, params: rpc.CloseParams, ctx: CallContext) -> rpc.CloseResult:
         """``sessions.close``: kill the session and everything it started."""
         result = await self._destroy(self._get(params.name))
         # Survivors are listed as far as the reply has room for them.
@@ -633,18 +627,18 @@ class SessionsCapability(CommandCapability):
         result.remaining, _ = fit_list(result.remaining, room)
         return result
 
-    async def sessions_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
+    async def sessions_list(self, params: rpc.ListParams, ctx: CallContext) -> rpc.ListResult:
         """``sessions.list``: every session, in open order (as many as fit the reply)."""
         infos = [sess.info() for sess in self._sessions.values()]
         sessions, truncated = fit_list(infos, result_budget(ctx) - _RESULT_FIELDS)
-        return api.ListResult(sessions=sessions, truncated=truncated)
+        return rpc.ListResult(sessions=sessions, truncated=truncated)
 
-    async def _destroy(self, sess: _Session) -> api.CloseResult:
+    async def _destroy(self, sess: _Session) -> rpc.CloseResult:
         if self._sessions.get(sess.name) is sess:
             del self._sessions[sess.name]
         return await asyncio.shield(self._background.spawn(self._kill(sess)))
 
-    async def _kill(self, sess: _Session) -> api.CloseResult:
+    async def _kill(self, sess: _Session) -> rpc.CloseResult:
         """Kill the shell and every process carrying the sub-marker; release the channels."""
         killed = 0
         remaining: list[int] = []
@@ -661,7 +655,7 @@ class SessionsCapability(CommandCapability):
             await asyncio.wait({sess.task}, timeout=_EXIT_WAIT)
         info = sess.info()
         self._release_channels(sess)
-        return api.CloseResult(info=info, killed=killed, remaining=remaining)
+        return rpc.CloseResult(info=info, killed=killed, remaining=remaining)
 
 
 __all__ = ["SESSION_MARKER_VAR", "SessionsCapability"]

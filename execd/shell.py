@@ -50,7 +50,7 @@ from typing import Any
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
-from execd.context import CallContext, ConnectionLost, Method
+from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
     AlreadyAttached,
     AlreadyExited,
@@ -62,7 +62,7 @@ from execd.errors import (
 )
 from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
 from execd.output import ByteRing, HeadTailBuffer, fit_pair
-from protocol.api import shell as api
+from protocol.rpc import shell as rpc
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,8 @@ class _Command:
                 spawning.PipeReader(child.stderr),
             )
             self._pumps: list[asyncio.Task[None]] = [
-                asyncio.ensure_future(self._pump(self.readers[0], api.STDOUT_STREAM)),
-                asyncio.ensure_future(self._pump(self.readers[1], api.STDERR_STREAM)),
+                asyncio.ensure_future(self._pump(self.readers[0], rpc.STDOUT_STREAM)),
+                asyncio.ensure_future(self._pump(self.readers[1], rpc.STDERR_STREAM)),
             ]
         else:
             self.readers = (
@@ -169,7 +169,7 @@ class _Command:
 
     async def _feed_stream(self, ctx: CallContext) -> None:
         try:
-            async for chunk in ctx.receive(api.STDIN_STREAM):
+            async for chunk in ctx.receive(rpc.STDIN_STREAM):
                 fd = self.child.stdin
                 if fd is None or not await spawning.write_all(fd, chunk):
                     break
@@ -218,8 +218,8 @@ class _Command:
             if self._send_error is not None:
                 raise self._send_error
             assert self._ctx is not None
-            await self._ctx.send(api.STDOUT_STREAM, b"", end=True)
-            await self._ctx.send(api.STDERR_STREAM, b"", end=True)
+            await self._ctx.send(rpc.STDOUT_STREAM, b"", end=True)
+            await self._ctx.send(rpc.STDERR_STREAM, b"", end=True)
         child = self.child
         plan = child.limits
         return _Outcome(
@@ -314,8 +314,8 @@ class _Detached:
     task: asyncio.Task[None] | None = None
     expiry: asyncio.TimerHandle | None = None
 
-    def info(self) -> api.CommandInfo:
-        info = api.CommandInfo(
+    def info(self) -> rpc.CommandInfo:
+        info = rpc.CommandInfo(
             command_id=self.command_id,
             pid=self.command.child.pid,
             title=self.title,
@@ -352,14 +352,7 @@ class ShellCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method(api.RUN, api.RunParams, self.shell_run),
-            Method(api.SIGNAL, api.SignalParams, self.shell_signal),
-            Method(api.LIST, api.ListParams, self.shell_list),
-            Method(api.ATTACH, api.AttachParams, self.shell_attach),
-            Method(api.STATUS, api.StatusParams, self.shell_status),
-            Method(api.WAIT, api.WaitParams, self.shell_wait),
-        ]
+        return bind(self, rpc.RPCS)
 
     @property
     def live_processes(self) -> int:
@@ -393,7 +386,7 @@ class ShellCapability(CommandCapability):
 
     # -- helpers ---------------------------------------------------------------
 
-    def _options(self, params: api.RunParams) -> _Options:
+    def _options(self, params: rpc.RunParams) -> _Options:
         limits = self._limits
         return _Options(
             timeout=params.timeout,
@@ -402,7 +395,7 @@ class ShellCapability(CommandCapability):
             kill_grace=limits.kill_grace if params.kill_grace is None else params.kill_grace,
         )
 
-    def _spawn(self, params: api.RunParams, argv: list[str]) -> spawning.Child:
+    def _spawn(self, params: rpc.RunParams, argv: list[str]) -> spawning.Child:
         if self._closed:
             raise ShuttingDown("the shell capability is closed")
         if self._live >= self._limits.max_processes:
@@ -442,7 +435,7 @@ class ShellCapability(CommandCapability):
 
     # -- shell.run -------------------------------------------------------------
 
-    async def shell_run(self, params: api.RunParams, ctx: CallContext) -> api.RunResult:
+    async def shell_run(self, params: rpc.RunParams, ctx: CallContext) -> rpc.RunResult:
         """``shell.run``: run a command to its end, or start it detached."""
         argv = command_argv(params.argv, params.command)
         if params.stdin is not None and params.stdin_stream:
@@ -475,7 +468,7 @@ class ShellCapability(CommandCapability):
                 del self._calls[key]
             cmd.cleanup()
         exit_code, sig = outcome.exit()
-        result = api.RunResult(
+        result = rpc.RunResult(
             pid=child.pid,
             exit_code=exit_code,
             signal=sig,
@@ -495,8 +488,8 @@ class ShellCapability(CommandCapability):
         return result
 
     def _start_detached(
-        self, params: api.RunParams, argv: list[str], opts: _Options
-    ) -> api.RunResult:
+        self, params: rpc.RunParams, argv: list[str], opts: _Options
+    ) -> rpc.RunResult:
         if params.stream or params.stdin_stream:
             raise InvalidParams("a detached command cannot use the call's streams")
         full = len(self._detached) >= self._limits.max_detached
@@ -537,7 +530,7 @@ class ShellCapability(CommandCapability):
         cmd.feed_stdin(params.stdin, None)
         self._detached[command_id] = rec
         rec.task = asyncio.ensure_future(self._supervise_detached(rec))
-        return api.RunResult(pid=child.pid, command_id=command_id)
+        return rpc.RunResult(pid=child.pid, command_id=command_id)
 
     async def _supervise_detached(self, rec: _Detached) -> None:
         try:
@@ -564,7 +557,7 @@ class ShellCapability(CommandCapability):
             raise NoSuchProcess(f"no detached command {command_id[:64]!r}")
         return rec
 
-    def _read_status(self, rec: _Detached, ctx: CallContext, *, spare: int = 0) -> api.CommandInfo:
+    def _read_status(self, rec: _Detached, ctx: CallContext, *, spare: int = 0) -> rpc.CommandInfo:
         """The command's info; a final one is consumed, once it surely fits the reply."""
         info = rec.info()
         ensure_fits(info, ctx, f"the status of command {rec.command_id}", spare=spare)
@@ -574,7 +567,7 @@ class ShellCapability(CommandCapability):
 
     # -- shell.signal ----------------------------------------------------------
 
-    async def shell_signal(self, params: api.SignalParams, ctx: CallContext) -> api.SignalResult:
+    async def shell_signal(self, params: rpc.SignalParams, ctx: CallContext) -> rpc.SignalResult:
         """``shell.signal``: signal a running command (then SIGCONT it)."""
         if (params.call_id is None) == (params.command_id is None):
             raise InvalidParams("exactly one of call_id and command_id is required")
@@ -591,21 +584,21 @@ class ShellCapability(CommandCapability):
         child = cmd.child
         if not child.running or not child.signal_and_continue(params.signal, group=params.group):
             raise AlreadyExited(f"command {child.pid} has already exited", {"pid": child.pid})
-        return api.SignalResult(pid=child.pid)
+        return rpc.SignalResult(pid=child.pid)
 
     # -- detached: list / status / wait / attach -------------------------------
 
-    async def shell_list(self, params: api.ListParams, ctx: CallContext) -> api.ListResult:
+    async def shell_list(self, params: rpc.ListParams, ctx: CallContext) -> rpc.ListResult:
         """``shell.list``: every remembered detached command (as many as fit the reply)."""
         infos = [rec.info() for rec in self._detached.values()]
         commands, truncated = fit_list(infos, result_budget(ctx) - _LIST_FIELDS)
-        return api.ListResult(commands=commands, truncated=truncated)
+        return rpc.ListResult(commands=commands, truncated=truncated)
 
-    async def shell_status(self, params: api.StatusParams, ctx: CallContext) -> api.CommandInfo:
+    async def shell_status(self, params: rpc.StatusParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.status``: one detached command's state (a final one is consumed)."""
         return self._read_status(self._record(params.command_id), ctx)
 
-    async def shell_wait(self, params: api.WaitParams, ctx: CallContext) -> api.CommandInfo:
+    async def shell_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
         rec = self._record(params.command_id)
         if not rec.done.is_set():
@@ -614,7 +607,7 @@ class ShellCapability(CommandCapability):
                     await rec.done.wait()
         return self._read_status(rec, ctx)
 
-    async def shell_attach(self, params: api.AttachParams, ctx: CallContext) -> api.AttachResult:
+    async def shell_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:
         """``shell.attach``: replay retained output, follow it, report the exit."""
         rec = self._record(params.command_id)
         if rec.attached:
@@ -624,7 +617,7 @@ class ShellCapability(CommandCapability):
         rec.attached = True
         offsets = [0, 0]
         lost = [0, 0]
-        rings = ((rec.out, api.STDOUT_STREAM), (rec.err, api.STDERR_STREAM))
+        rings = ((rec.out, rpc.STDOUT_STREAM), (rec.err, rpc.STDERR_STREAM))
         try:
             while True:
                 rec.changed.clear()
@@ -641,11 +634,11 @@ class ShellCapability(CommandCapability):
                 if rec.outcome is not None or not params.follow:
                     break
                 await rec.changed.wait()
-            await ctx.send(api.STDOUT_STREAM, b"", end=True)
-            await ctx.send(api.STDERR_STREAM, b"", end=True)
+            await ctx.send(rpc.STDOUT_STREAM, b"", end=True)
+            await ctx.send(rpc.STDERR_STREAM, b"", end=True)
         finally:
             rec.attached = False
-        return api.AttachResult(
+        return rpc.AttachResult(
             info=self._read_status(rec, ctx, spare=_ATTACH_SPARE),
             stdout_lost=lost[0],
             stderr_lost=lost[1],

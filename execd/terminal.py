@@ -1,4 +1,4 @@
-"""The ``terminal`` capability: programs on a pseudo-terminal (``protocol.api.terminal``).
+"""The ``terminal`` capability: programs on a pseudo-terminal (``protocol.rpc.terminal``).
 
 Starting
     ``os.openpty`` gives the master (kept by execd) and the slave. The
@@ -46,7 +46,7 @@ from execd import procfs, reaper
 from execd import spawn as spawning
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
-from execd.context import CallContext, Method
+from execd.context import CallContext, Method, bind
 from execd.errors import (
     AlreadyAttached,
     AlreadyExited,
@@ -59,8 +59,8 @@ from execd.errors import (
 from execd.fit import ensure_fits
 from execd.limits import Plan
 from execd.output import ByteRing
-from protocol.api import terminal as api
-from protocol.api.resources import LIMIT_NAMES
+from protocol.rpc import terminal as rpc
+from protocol.rpc.resources import LIMIT_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,8 @@ class _Terminal:
     task: asyncio.Task[None] | None = None
     closing: asyncio.Task[None] | None = None
 
-    def info(self) -> api.TerminalInfo:
-        info = api.TerminalInfo(
+    def info(self) -> rpc.TerminalInfo:
+        info = rpc.TerminalInfo(
             terminal_id=self.terminal_id,
             pid=self.child.pid,
             tty=self.tty,
@@ -165,14 +165,7 @@ class TerminalCapability(CommandCapability):
 
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
-        return [
-            Method(api.OPEN, api.OpenParams, self.terminal_open),
-            Method(api.ATTACH, api.AttachParams, self.terminal_attach),
-            Method(api.SEND, api.SendParams, self.terminal_send),
-            Method(api.RESIZE, api.ResizeParams, self.terminal_resize),
-            Method(api.WAIT, api.WaitParams, self.terminal_wait),
-            Method(api.CLOSE, api.CloseParams, self.terminal_close),
-        ]
+        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Hang up every terminal and forget them all."""
@@ -186,7 +179,7 @@ class TerminalCapability(CommandCapability):
 
     # -- terminal.open -----------------------------------------------------------
 
-    async def terminal_open(self, params: api.OpenParams, ctx: CallContext) -> api.TerminalInfo:
+    async def terminal_open(self, params: rpc.OpenParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.open``: start a program on a new terminal."""
         if self._closed:
             raise ShuttingDown("the terminal capability is closed")
@@ -207,7 +200,7 @@ class TerminalCapability(CommandCapability):
         )
         env.setdefault("TERM", _TERM)
         # Refused before the program starts if its final info could not reach this client.
-        provisional = api.TerminalInfo(
+        provisional = rpc.TerminalInfo(
             terminal_id="0" * 16,
             pid=2**31,
             tty="/dev/pts/" + "9" * 10,
@@ -226,7 +219,7 @@ class TerminalCapability(CommandCapability):
         return term.info()
 
     def _start(
-        self, params: api.OpenParams, argv: list[str], env: dict[str, str], plan: Plan | None
+        self, params: rpc.OpenParams, argv: list[str], env: dict[str, str], plan: Plan | None
     ) -> _Terminal:
         if params.cwd is not None and not os.path.isdir(params.cwd):
             if plan is not None:
@@ -311,7 +304,7 @@ class TerminalCapability(CommandCapability):
             raise NoSuchProcess(f"no terminal {terminal_id[:64]!r}")
         return term
 
-    def _final(self, term: _Terminal, ctx: CallContext, spare: int = 0) -> api.TerminalInfo:
+    def _final(self, term: _Terminal, ctx: CallContext, spare: int = 0) -> rpc.TerminalInfo:
         """The terminal's info; once it has exited, the terminal is forgotten."""
         info = term.info()
         ensure_fits(info, ctx, f"the status of terminal {term.terminal_id}", spare=spare)
@@ -321,7 +314,7 @@ class TerminalCapability(CommandCapability):
 
     # -- attach / send / resize / wait / close -------------------------------------
 
-    async def terminal_attach(self, params: api.AttachParams, ctx: CallContext) -> api.AttachResult:
+    async def terminal_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:
         """``terminal.attach``: replay the ring, follow the live output, report the exit."""
         term = self._terminal(params.terminal_id)
         if term.attached:
@@ -339,7 +332,7 @@ class TerminalCapability(CommandCapability):
                 lost += skipped
                 offset += skipped + len(data)
                 if data:
-                    await ctx.send(api.OUTPUT_STREAM, data)
+                    await ctx.send(rpc.OUTPUT_STREAM, data)
                     term.sent = offset
                     term.progress.set()
                     continue
@@ -348,19 +341,19 @@ class TerminalCapability(CommandCapability):
                 if term.done.is_set() or not params.follow:
                     break
                 await term.changed.wait()
-            await ctx.send(api.OUTPUT_STREAM, b"", end=True)
+            await ctx.send(rpc.OUTPUT_STREAM, b"", end=True)
         finally:
             term.attached = False
             term.progress.set()
-        return api.AttachResult(info=self._final(term, ctx, _ATTACH_SPARE), lost=lost)
+        return rpc.AttachResult(info=self._final(term, ctx, _ATTACH_SPARE), lost=lost)
 
-    async def terminal_send(self, params: api.SendParams, ctx: CallContext) -> None:
+    async def terminal_send(self, params: rpc.SendParams, ctx: CallContext) -> None:
         """``terminal.send``: write keystrokes to the terminal."""
         term = self._terminal(params.terminal_id)
         if term.done.is_set() or not await spawning.write_all(term.master, params.data):
             raise AlreadyExited(f"terminal {params.terminal_id[:64]!r} has ended")
 
-    async def terminal_resize(self, params: api.ResizeParams, ctx: CallContext) -> None:
+    async def terminal_resize(self, params: rpc.ResizeParams, ctx: CallContext) -> None:
         """``terminal.resize``: set the window size."""
         term = self._terminal(params.terminal_id)
         if term.done.is_set():
@@ -368,7 +361,7 @@ class TerminalCapability(CommandCapability):
         set_window(term.master, params.rows, params.cols)
         term.rows, term.cols = params.rows, params.cols
 
-    async def terminal_wait(self, params: api.WaitParams, ctx: CallContext) -> api.TerminalInfo:
+    async def terminal_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.wait``: wait for the program's exit, up to ``timeout``."""
         term = self._terminal(params.terminal_id)
         if not term.done.is_set():
@@ -377,7 +370,7 @@ class TerminalCapability(CommandCapability):
                     await term.done.wait()
         return self._final(term, ctx)
 
-    async def terminal_close(self, params: api.CloseParams, ctx: CallContext) -> api.TerminalInfo:
+    async def terminal_close(self, params: rpc.CloseParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.close``: hang up the terminal's session and report how it ended."""
         term = self._terminal(params.terminal_id)
         ensure_fits(

@@ -39,7 +39,7 @@ import stat
 from typing import Final
 
 from execd.config import Config
-from execd.context import CallContext, ConnectionLost, Method
+from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
     Cancelled,
     InvalidPath,
@@ -67,12 +67,10 @@ from execd.inotify import (
 from execd.path_wait import PathWaiter
 from execd.watch_queue import EventQueue
 from execd.watch_tree import GONE_ERRNOS, DirectoryTree, Node, watch_error
-from protocol.api.watch import (
+from protocol.rpc.watch import (
     CHANGE_KINDS,
     MAX_UNWATCHED_REPORTED,
-    SUBSCRIBE,
-    UNSUBSCRIBE,
-    WAIT_FOR_PATH,
+    RPCS,
     SubscribeParams,
     SubscribeResult,
     UnsubscribeParams,
@@ -430,11 +428,7 @@ class WatchCapability:
 
     def methods(self) -> list[Method]:
         """The dispatch entries of this capability."""
-        return [
-            Method(SUBSCRIBE, SubscribeParams, self.watch_subscribe),
-            Method(UNSUBSCRIBE, UnsubscribeParams, self.watch_unsubscribe),
-            Method(WAIT_FOR_PATH, WaitForPathParams, self.watch_wait_for_path),
-        ]
+        return bind(self, RPCS)
 
     def subscriptions(self, connection_id: int) -> list[int]:
         """The live watch ids of a connection."""

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from protocol.api.watch import WatchEvent
+from protocol.rpc.watch import WatchEvent
 
 STRUCTURAL: Final = frozenset({"created", "deleted", "moved"})
 """Change kinds that end the merging of earlier events for their path."""

@@ -8,28 +8,26 @@ flow-controlled chunks, so neither side holds more than a window at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import os
 import stat
 from collections.abc import AsyncIterator, Mapping
-from typing import BinaryIO
-
-import msgspec
+from typing import BinaryIO, Generic, TypeVar
 
 from harnessd.api_services import ServicesClient
+from harnessd.api_watch import WatchClient
 from harnessd.client import CallHandle, open_connection
-from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
+from harnessd.errors import LocalFileError, ProtocolViolation
 from harnessd.opening import Opening
 from harnessd.terminal import TerminalsClient
 from protocol import limits
-from protocol.api import files, ledger, shell
-from protocol.api import watch as watch_api
-from protocol.api.core import CloseParams, CloseReport, EchoParams, ServerInfo
-from protocol.api.resources import Limits, as_limits
 from protocol.handshake import token_bytes
+from protocol.rpc import core, files, ledger, shell
+from protocol.rpc.resources import Limits, as_limits
 
+R = TypeVar("R")
+_NO_PARAMS = core.NoParams()
 #: Block size for uploads from local files.
 UPLOAD_BLOCK = 1024 * 1024
 
@@ -60,28 +58,34 @@ def _open_for_upload(local_path: str) -> BinaryIO:
         raise
 
 
-class ExecdClient(ServicesClient, TerminalsClient):
+class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
     """An authenticated connection to execd with one typed method per RPC."""
 
     # -- core ------------------------------------------------------------------
 
     async def noop(self) -> None:
         """A call that does nothing: the round-trip floor."""
-        await self.call("server.noop")
+        await self.call(core.NOOP, _NO_PARAMS)
 
     async def echo(self, data: bytes) -> bytes:
         """Send ``data`` and get it back."""
-        return await self.call("server.echo", EchoParams(data=data), bytes)
+        return await self.call(core.ECHO, core.EchoParams(data=data))
 
-    async def server_info(self) -> ServerInfo:
+    async def server_info(self) -> core.ServerInfo:
         """execd's pid, uid, marker, protocol version and methods."""
-        return await self.call("server.info", None, ServerInfo)
+        return await self.call(core.INFO, _NO_PARAMS)
 
-    async def close_session(self, *, shutdown: bool = True, timeout: float = 10.0) -> CloseReport:
-        """Clean up every process carrying the marker; with ``shutdown`` execd then exits."""
-        return await self.call(
-            "session.close", CloseParams(shutdown=shutdown, timeout=timeout), CloseReport
-        )
+    async def shutdown(self, *, timeout: float = 10.0) -> core.CloseReport:
+        """Stop execd: kill every process carrying the marker, answer, then exit.
+
+        The report says what was killed and what survived ``timeout``; the
+        connection closes as execd exits.
+        """
+        return await self.call(core.CLOSE, core.CloseParams(shutdown=True, timeout=timeout))
+
+    async def cleanup(self, *, timeout: float = 10.0) -> core.CloseReport:
+        """Kill every process carrying the marker (services, sessions, commands); execd stays up."""
+        return await self.call(core.CLOSE, core.CloseParams(shutdown=False, timeout=timeout))
 
     # -- shell -----------------------------------------------------------------
 
@@ -104,7 +108,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
         """Run a command (``argv``, or ``command`` through ``/bin/sh -c``) and collect its output.
 
         ``limits``: resource limits (``{"memory": 256 << 20, "cpu": 1.0}`` or a
-        :class:`~protocol.api.resources.Limits`); the result's ``limit_exceeded`` names one hit.
+        :class:`~protocol.rpc.resources.Limits`); the result's ``limit_exceeded`` names one hit.
         """
         params = shell.RunParams(
             argv=argv,
@@ -120,7 +124,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
             kill_grace=kill_grace,
             limits=as_limits(limits),
         )
-        return await self.call(shell.RUN, params, shell.RunResult)
+        return await self.call(shell.RUN, params)
 
     def run_streaming(
         self,
@@ -136,7 +140,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
         drain_grace: float | None = None,
         kill_grace: float | None = None,
         limits: Limits | Mapping[str, float] | None = None,
-    ) -> RunningCommand:
+    ) -> RunningCommand[shell.RunResult]:
         """Start a command whose output streams live; see :class:`RunningCommand`."""
         params = shell.RunParams(
             argv=argv,
@@ -174,32 +178,32 @@ class ExecdClient(ServicesClient, TerminalsClient):
             detached=True,
             limits=as_limits(limits),
         )
-        return await self.call(shell.RUN, params, shell.RunResult)
+        return await self.call(shell.RUN, params)
 
     async def signal_command(
         self, signal: int, *, call_id: int | None = None, command_id: str | None = None
     ) -> shell.SignalResult:
         """Send ``signal`` to a running call on this connection or to a detached command."""
         params = shell.SignalParams(signal=signal, call_id=call_id, command_id=command_id)
-        return await self.call(shell.SIGNAL, params, shell.SignalResult)
+        return await self.call(shell.SIGNAL, params)
 
     async def list_commands(self) -> shell.ListResult:
         """Every detached command execd remembers."""
-        return await self.call(shell.LIST, shell.ListParams(), shell.ListResult)
+        return await self.call(shell.LIST, shell.ListParams())
 
     async def command_status(self, command_id: str) -> shell.CommandInfo:
         """A detached command's state, without waiting."""
         params = shell.StatusParams(command_id=command_id)
-        return await self.call(shell.STATUS, params, shell.CommandInfo)
+        return await self.call(shell.STATUS, params)
 
     async def wait_command(
         self, command_id: str, timeout: float | None = None
     ) -> shell.CommandInfo:
         """Wait for a detached command to exit (or ``timeout``)."""
         params = shell.WaitParams(command_id=command_id, timeout=timeout)
-        return await self.call(shell.WAIT, params, shell.CommandInfo)
+        return await self.call(shell.WAIT, params)
 
-    def attach(self, command_id: str, *, follow: bool = True) -> RunningCommand:
+    def attach(self, command_id: str, *, follow: bool = True) -> RunningCommand[shell.AttachResult]:
         """Replay a detached command's retained output, then follow it live."""
         params = shell.AttachParams(command_id=command_id, follow=follow)
         return RunningCommand(self, self.start(shell.ATTACH, params))
@@ -254,7 +258,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
                     digest.update(data)
                 received += len(data)
                 yield data
-            result = await handle.result(files.ReadResult)
+            result = await handle.result()
         finally:
             if not handle.done:
                 handle.cancel()
@@ -309,7 +313,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
                 atomic=atomic and not append,
                 append=append,
             )
-            return await self.call(files.WRITE, params, files.WriteResult)
+            return await self.call(files.WRITE, params)
 
         async def blocks() -> AsyncIterator[bytes]:
             yield data
@@ -356,7 +360,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
         except BaseException:
             handle.cancel()
             raise
-        return await handle.result(files.WriteResult)
+        return await handle.result()
 
     async def upload(
         self, local_path: str, path: str, *, mode: int | None = None
@@ -382,7 +386,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
     async def stat(self, path: str, *, follow_symlinks: bool = True) -> files.StatResult:
         """Type, size, mode, times and owner of a workspace path."""
         params = files.StatParams(path=path, follow_symlinks=follow_symlinks)
-        return await self.call(files.STAT, params, files.StatResult)
+        return await self.call(files.STAT, params)
 
     async def list_dir(
         self,
@@ -396,75 +400,40 @@ class ExecdClient(ServicesClient, TerminalsClient):
         params = files.ListParams(
             path=path, recursive=recursive, limit=limit, include_hidden=include_hidden
         )
-        return await self.call(files.LIST, params, files.ListResult)
+        return await self.call(files.LIST, params)
 
     async def mkdir(
         self, path: str, *, parents: bool = True, exist_ok: bool = True, mode: int | None = None
     ) -> files.MkdirResult:
         """Create a workspace directory."""
         params = files.MkdirParams(path=path, parents=parents, exist_ok=exist_ok, mode=mode)
-        return await self.call(files.MKDIR, params, files.MkdirResult)
+        return await self.call(files.MKDIR, params)
 
     async def remove(
         self, path: str, *, recursive: bool = False, missing_ok: bool = False
     ) -> files.RemoveResult:
         """Remove a workspace file or directory."""
         params = files.RemoveParams(path=path, recursive=recursive, missing_ok=missing_ok)
-        return await self.call(files.REMOVE, params, files.RemoveResult)
+        return await self.call(files.REMOVE, params)
 
     async def move(self, src: str, dst: str, *, overwrite: bool = True) -> files.MoveResult:
         """Rename (or copy across filesystems) a workspace path."""
         params = files.MoveParams(src=src, dst=dst, overwrite=overwrite)
-        return await self.call(files.MOVE, params, files.MoveResult)
+        return await self.call(files.MOVE, params)
 
     async def chmod(self, path: str, mode: int) -> files.ChmodResult:
         """Change a workspace path's mode."""
-        return await self.call(
-            files.CHMOD, files.ChmodParams(path=path, mode=mode), files.ChmodResult
-        )
+        return await self.call(files.CHMOD, files.ChmodParams(path=path, mode=mode))
 
     async def sha256(self, path: str) -> files.Sha256Result:
         """SHA-256 of a workspace file, computed in the workspace."""
-        return await self.call(files.SHA256, files.Sha256Params(path=path), files.Sha256Result)
-
-    # -- watches ---------------------------------------------------------------
-
-    async def watch(
-        self,
-        path: str,
-        *,
-        recursive: bool = False,
-        events: list[str] | None = None,
-        debounce: float = 0.0,
-        follow: bool = True,
-    ) -> PathWatch:
-        """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
-        params = watch_api.SubscribeParams(
-            path=path,
-            recursive=recursive,
-            events=events,  # type: ignore[arg-type]
-            debounce=debounce,
-            follow=follow,
-        )
-        result = await self.call(watch_api.SUBSCRIBE, params, watch_api.SubscribeResult)
-        return PathWatch(self, result)
-
-    async def wait_for_path(
-        self, path: str, *, condition: str = "exists", timeout: float = 30.0
-    ) -> watch_api.WaitForPathResult:
-        """Block until ``path`` meets ``condition`` (exists, absent, file, dir, nonempty)."""
-        params = watch_api.WaitForPathParams(
-            path=path,
-            condition=condition,  # type: ignore[arg-type]
-            timeout=timeout,
-        )
-        return await self.call(watch_api.WAIT_FOR_PATH, params, watch_api.WaitForPathResult)
+        return await self.call(files.SHA256, files.Sha256Params(path=path))
 
     # -- ledger ----------------------------------------------------------------
 
     async def ledger_head(self, session: str) -> ledger.LedgerHead:
         """execd's head of a session ledger (seq 0 for a new one)."""
-        return await self.call(ledger.HEAD, ledger.HeadParams(session=session), ledger.LedgerHead)
+        return await self.call(ledger.HEAD, ledger.HeadParams(session=session))
 
     async def ledger_append(
         self,
@@ -482,7 +451,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
             entries=entries,
             hashes=hashes,
         )
-        return await self.call(ledger.APPEND, params, ledger.LedgerHead)
+        return await self.call(ledger.APPEND, params)
 
     async def ledger_append_large(
         self, session: str, seq: int, prev_hash: bytes, payload: bytes
@@ -501,7 +470,7 @@ class ExecdClient(ServicesClient, TerminalsClient):
         except BaseException:
             handle.cancel()
             raise
-        return await handle.result(ledger.LedgerHead)
+        return await handle.result()
 
     async def ledger_read(
         self,
@@ -524,14 +493,14 @@ class ExecdClient(ServicesClient, TerminalsClient):
         except ledger.RecordFormatError as exc:
             handle.cancel()
             raise ProtocolViolation(f"ledger stream is invalid: {exc}") from None
-        result = await handle.result(ledger.ReadResult)
+        result = await handle.result()
         if result.count != len(records):
             raise ProtocolViolation("ledger.read sent a different number of entries than it said")
         return records
 
     async def ledger_sessions(self) -> ledger.ListResult:
         """Every session ledger execd keeps, with heads."""
-        return await self.call(ledger.LIST, ledger.ListParams(), ledger.ListResult)
+        return await self.call(ledger.LIST, ledger.ListParams())
 
     @property
     def inline_limit(self) -> int:
@@ -539,54 +508,15 @@ class ExecdClient(ServicesClient, TerminalsClient):
         return max(4096, self.info.peer_max_frame // 2)
 
 
-class PathWatch:
-    """A live subscription: iterate ``(kind, event)`` pairs until it ends."""
+class RunningCommand(Generic[R]):
+    """A streaming command: iterate its output, feed its stdin, signal it, await its result.
 
-    def __init__(self, client: ExecdClient, result: watch_api.SubscribeResult) -> None:
-        self._client = client
-        self.watch_id = result.watch_id
-        self.result = result
-        self._queue = client.subscribe(result.watch_id)
-        self.ended = False
+    ``R`` is the answer of the call that streams it: ``shell.RunResult`` for
+    :meth:`ExecdClient.run_streaming`, ``shell.AttachResult`` for
+    :meth:`ExecdClient.attach`.
+    """
 
-    async def next(self, timeout: float | None = None) -> tuple[str, watch_api.WatchEvent]:
-        """The next event; raises TimeoutError, or StopAsyncIteration once ended."""
-        if self.ended:
-            raise StopAsyncIteration
-        async with asyncio.timeout(timeout):
-            event = await self._queue.get()
-        if event is None:
-            self.ended = True
-            raise StopAsyncIteration
-        data = msgspec.msgpack.decode(event.data, type=watch_api.WatchEvent)
-        if event.name == "ended":
-            self.ended = True
-            self._client.unsubscribe(self.watch_id)
-        return event.name, data
-
-    def __aiter__(self) -> PathWatch:
-        return self
-
-    async def __anext__(self) -> tuple[str, watch_api.WatchEvent]:
-        return await self.next()
-
-    async def close(self) -> None:
-        """Unsubscribe (idempotent)."""
-        if self.ended or self._client.closed:
-            self._client.unsubscribe(self.watch_id)
-            return
-        with contextlib.suppress(RemoteError):
-            await self._client.call(
-                watch_api.UNSUBSCRIBE, watch_api.UnsubscribeParams(watch_id=self.watch_id)
-            )
-        self._client.unsubscribe(self.watch_id)
-        self.ended = True
-
-
-class RunningCommand:
-    """A streaming command: iterate its output, feed its stdin, signal it, await its result."""
-
-    def __init__(self, client: ExecdClient, handle: CallHandle) -> None:
+    def __init__(self, client: ExecdClient, handle: CallHandle[R]) -> None:
         self._client = client
         self.handle = handle
 
@@ -642,9 +572,9 @@ class RunningCommand:
         """Send a signal to the command's process group."""
         return await self._client.signal_command(signum, call_id=self.handle.id)
 
-    async def result(self) -> shell.RunResult:
+    async def result(self) -> R:
         """Wait for the command to finish; its output has all been delivered by then."""
-        return await self.handle.result(shell.RunResult)
+        return await self.handle.result()
 
     def cancel(self) -> None:
         """Cancel the call: execd kills the command's group."""

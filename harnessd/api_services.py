@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 
 from harnessd.client import Client
-from protocol.api import services, sessions
-from protocol.api.resources import Limits, as_limits
+from protocol.rpc import services, sessions
+from protocol.rpc.resources import Limits, as_limits
 
 
 class ServicesClient(Client):
@@ -60,12 +60,12 @@ class ServicesClient(Client):
             restart=restart,
             limits=as_limits(limits),
         )
-        return await self.call(services.START, params, services.ServiceInfo)
+        return await self.call(services.START, params)
 
     async def service_status(self, name: str) -> services.ServiceInfo:
         """A service's state, pid, uptime, restarts and last exit."""
         params = services.StatusParams(name=name)
-        return await self.call(services.STATUS, params, services.ServiceInfo)
+        return await self.call(services.STATUS, params)
 
     async def service_logs(
         self,
@@ -77,7 +77,7 @@ class ServicesClient(Client):
     ) -> services.LogsResult:
         """The last ``lines`` lines or ``nbytes`` bytes of the log, or the bytes from ``offset``."""
         params = services.LogsParams(name=name, lines=lines, nbytes=nbytes, offset=offset)
-        return await self.call(services.LOGS, params, services.LogsResult)
+        return await self.call(services.LOGS, params)
 
     async def follow_service_logs(
         self,
@@ -101,7 +101,7 @@ class ServicesClient(Client):
         try:
             async for chunk in handle.stream(services.LOG_STREAM):
                 yield chunk
-            await handle.result(services.LogsResult)
+            await handle.result()
         finally:
             if not handle.done:
                 handle.cancel()
@@ -111,16 +111,16 @@ class ServicesClient(Client):
     ) -> services.ServiceInfo:
         """Signal the service's group, SIGKILL it after ``grace``; return the final state."""
         params = services.StopParams(name=name, signal=signal, grace=grace)
-        return await self.call(services.STOP, params, services.ServiceInfo)
+        return await self.call(services.STOP, params)
 
     async def restart_service(self, name: str) -> services.ServiceInfo:
         """Stop the service and start it again with the same parameters; return once ready."""
         params = services.RestartParams(name=name)
-        return await self.call(services.RESTART, params, services.ServiceInfo)
+        return await self.call(services.RESTART, params)
 
     async def list_services(self) -> services.ListResult:
         """Every service execd remembers."""
-        return await self.call(services.LIST, services.ListParams(), services.ListResult)
+        return await self.call(services.LIST, services.ListParams())
 
     # -- persistent shell sessions -------------------------------------------------
 
@@ -137,7 +137,7 @@ class ServicesClient(Client):
         params = sessions.OpenParams(
             name=name, cwd=cwd, env=env, unset=unset, limits=as_limits(limits)
         )
-        return await self.call(sessions.OPEN, params, sessions.SessionInfo)
+        return await self.call(sessions.OPEN, params)
 
     async def session_run(
         self,
@@ -158,21 +158,21 @@ class ServicesClient(Client):
             kill_grace=kill_grace,
             output_cap=output_cap,
         )
-        return await self.call(sessions.RUN, params, sessions.RunResult)
+        return await self.call(sessions.RUN, params)
 
     async def interrupt_session(self, name: str) -> sessions.InterruptResult:
         """Send SIGINT to the session's running command (``sent`` is false when idle)."""
         params = sessions.InterruptParams(name=name)
-        return await self.call(sessions.INTERRUPT, params, sessions.InterruptResult)
+        return await self.call(sessions.INTERRUPT, params)
 
     async def close_session_shell(self, name: str) -> sessions.CloseResult:
         """Kill the session's shell and everything it started, and forget the session.
 
-        (``close_session`` is something else: it ends the whole execd session.)
+        (``shutdown`` is something else: it stops execd and everything it started.)
         """
         params = sessions.CloseParams(name=name)
-        return await self.call(sessions.CLOSE, params, sessions.CloseResult)
+        return await self.call(sessions.CLOSE, params)
 
     async def list_sessions(self) -> sessions.ListResult:
         """Every persistent shell session."""
-        return await self.call(sessions.LIST, sessions.ListParams(), sessions.ListResult)
+        return await self.call(sessions.LIST, sessions.ListParams())

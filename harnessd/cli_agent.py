@@ -48,16 +48,16 @@ from harnessd.cli_common import (
 from harnessd.demo import TranscriptPrinter, demo_model, run_demo
 from harnessd.errors import RemoteError
 from harnessd.launcher import DEFAULT_LEASE, Session, serve
-from harnessd.models import (
+from harnessd.models import ModelConfigError
+from harnessd.openai_model import (
     DEFAULT_MAX_RETRY_WAIT,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
-    ModelConfigError,
     OpenAIChatModel,
-    ScriptedModel,
 )
 from harnessd.progress import Progress
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import ScriptedModel
 from harnessd.token import read_token
 from harnessd.tools import ToolConfig
 from harnessd.trace import Listener, Trace

@@ -35,6 +35,7 @@ from harnessd.cli_common import (
 )
 from harnessd.errors import HarnessError, SpawnFailed
 from harnessd.token import read_token
+from protocol.rpc.shell import RunResult
 
 STDIN_BLOCK = 64 * 1024
 PROG = "harnessd exec"
@@ -112,7 +113,7 @@ async def _readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
-async def _pump_stdin(command: RunningCommand) -> None:
+async def _pump_stdin(command: RunningCommand[Any]) -> None:
     """Forward this process's stdin until EOF, without a thread that could outlive the command.
 
     A terminal or pipe is read only after the event loop reports it readable,
@@ -206,7 +207,7 @@ async def run_exec(args: argparse.Namespace) -> int:
         await client.close()
 
 
-async def _stream(command: RunningCommand) -> int:
+async def _stream(command: RunningCommand[RunResult]) -> int:
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     try:
@@ -230,7 +231,7 @@ async def _stream(command: RunningCommand) -> int:
     return exit_status(result.exit_code, result.signal)
 
 
-async def _forward_signal(command: RunningCommand, signum: int) -> None:
+async def _forward_signal(command: RunningCommand[Any], signum: int) -> None:
     with contextlib.suppress(HarnessError):
         await command.signal(signum)
 

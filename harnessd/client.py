@@ -22,10 +22,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -40,14 +39,18 @@ from harnessd.errors import (
     remote_error,
 )
 from protocol import limits
-from protocol.bridge import FramedProtocol, InboundStream, TransportClosed
+from protocol.bridge import FramedProtocol
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
-from protocol.messages import Abort, Call, Cancel, Error, Event, Pong, Reply
+from protocol.messages import Abort, Call, Cancel, Error, Event, Ping, Pong, Reply
+from protocol.rpc import Rpc
+from protocol.rpc.core import NoParams
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 
 _EMPTY_PARAMS = msgspec.Raw(b"\x80")
 #: Violations only a peer that does not speak the protocol commits before its Challenge.
@@ -78,12 +81,41 @@ class ClientProtocol(FramedProtocol):
         # Events may arrive before the reply that names their topic; keep a few.
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
-        self.lost: BaseException | None = None
+        self.lost: Exception | None = None
+
+    def start_call(
+        self, method: str, params: msgspec.Raw
+    ) -> tuple[int, asyncio.Future[Reply | Error]]:
+        """Send a Call; return its id (chosen by the state machine) and its answer's future."""
+        call_id = self.client_conn.next_call_id()
+        self.send(Call(id=call_id, method=method, params=params))
+        future: asyncio.Future[Reply | Error] = self.loop.create_future()
+        self.pending[call_id] = future
+        return call_id, future
+
+    def is_pending(self, call_id: int, future: asyncio.Future[Reply | Error]) -> bool:
+        """Whether ``future`` still waits for the answer to ``call_id``."""
+        return self.pending.get(call_id) is future
+
+    def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
+        """The queue of server-pushed events for ``topic`` (None marks the end)."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        for event in self._take_early(topic):
+            queue.put_nowait(event)
+        self.subscriptions[topic] = queue
+        if self.closed:
+            queue.put_nowait(None)
+        return queue
+
+    def unsubscribe(self, topic: int) -> None:
+        self.subscriptions.pop(topic, None)
+
+    def closed_error(self) -> Exception:
+        return self.lost or ConnectionLost("connection to execd closed")
 
     def handle_event(self, event: ConnectionEvent) -> None:
         if isinstance(event, Reply | Error):
             future = self.pending.pop(event.id, None)
-            self.drop_streams(event.id)
             if future is not None and not future.done():
                 future.set_result(event)
         elif isinstance(event, Event):
@@ -123,7 +155,7 @@ class ClientProtocol(FramedProtocol):
             _, dropped = self.early_events.popitem(last=False)
             self.early_count -= len(dropped)
 
-    def take_early(self, topic: int) -> list[Event]:
+    def _take_early(self, topic: int) -> list[Event]:
         """Events for ``topic`` that arrived before anyone subscribed to it."""
         events = self.early_events.pop(topic, [])
         self.early_count -= len(events)
@@ -134,7 +166,7 @@ class ClientProtocol(FramedProtocol):
             (isinstance(reason, RemoteProtocolError) and reason.code in _FOREIGN_PEER)
             or not isinstance(reason, ProtocolError | HandshakeFailed | ProtocolViolation)
         ):
-            failure: BaseException = NotAnExecd(
+            failure: Exception = NotAnExecd(
                 "it answered with bytes that are not the execd protocol"
                 if isinstance(reason, RemoteProtocolError)
                 else "it closed the connection without answering the handshake"
@@ -165,13 +197,20 @@ class ClientProtocol(FramedProtocol):
             queue.put_nowait(None)
 
 
-class CallHandle:
+class CallHandle(Generic[R]):
     """One call in flight: its streams, its result, and cancellation."""
 
-    def __init__(self, client: Client, call_id: int, future: asyncio.Future[Reply | Error]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        call_id: int,
+        future: asyncio.Future[Reply | Error],
+        result_type: type[R] | Any = Any,
+    ) -> None:
         self._client = client
         self.id = call_id
         self._future = future
+        self._result_type = result_type
 
     def stream(self, name: str) -> AsyncIterator[bytes]:
         """Iterate the bytes execd sends on stream ``name`` until it ends.
@@ -179,26 +218,30 @@ class CallHandle:
         The stream's buffer is bound now rather than at the first iteration:
         a reply that ends the call before iteration starts must not drop it.
         """
-        return self._client._iter_stream(self._client._proto.inbound(self.id, name))
+        return self._client._proto.stream(self.id, name).chunks()
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
-        await self._client._send_stream(self.id, stream, data, end=end)
+        await self._client._proto.send_stream(self.id, stream, data, end=end)
 
     @overload
-    async def result(self) -> Any: ...
+    async def result(self) -> R: ...
 
     @overload
     async def result(self, type: type[T]) -> T: ...
 
-    async def result(self, type: Any = Any) -> Any:
-        """Wait for the final answer; raise the typed RemoteError on failure."""
+    async def result(self, type: Any = None) -> Any:
+        """Wait for the final answer; raise the typed RemoteError on failure.
+
+        The result is decoded as the RPC's declared result type (``type``
+        only for a call started by method name).
+        """
         try:
             answer = await asyncio.shield(self._future)
         except asyncio.CancelledError:
             self.cancel()
             raise
-        return self._client._unpack(answer, type)
+        return self._client._unpack(answer, self._result_type if type is None else type)
 
     def cancel(self) -> None:
         """Ask execd to cancel the call; its answer will be a Cancelled error."""
@@ -217,7 +260,6 @@ class Client:
     def __init__(self, proto: ClientProtocol, info: HandshakeComplete, keepalive: float | None):
         self._proto = proto
         self.info = info
-        self._ids = itertools.count(1)
         self._keepalive_interval = keepalive or 0.0
         self._pings = 0
         self._unanswered = 0
@@ -236,10 +278,22 @@ class Client:
     def cipher(self) -> str:
         return self.info.cipher
 
-    def start(self, method: str, params: Any = None) -> CallHandle:
+    @overload
+    def start(self, method: Rpc[P, R], params: P) -> CallHandle[R]: ...
+
+    @overload
+    def start(self, method: str, params: Any = None) -> CallHandle[Any]: ...
+
+    def start(self, method: Rpc[Any, Any] | str, params: Any = None) -> CallHandle[Any]:
         """Send a call and return its handle without waiting."""
+        if isinstance(method, Rpc):
+            call_id, future = self._send_call(method.name, params)
+            return CallHandle(self, call_id, future, method.result)
         call_id, future = self._send_call(method, params)
         return CallHandle(self, call_id, future)
+
+    @overload
+    async def call(self, method: Rpc[P, R], params: P) -> R: ...
 
     @overload
     async def call(self, method: str, params: Any = None) -> Any: ...
@@ -247,19 +301,26 @@ class Client:
     @overload
     async def call(self, method: str, params: Any, type: type[T]) -> T: ...
 
-    async def call(self, method: str, params: Any = None, type: Any = Any) -> Any:
-        """Call ``method`` and return its result decoded as ``type``.
+    async def call(self, method: Rpc[Any, Any] | str, params: Any = None, type: Any = Any) -> Any:
+        """Call ``method`` and return its result.
 
-        The same as ``await self.start(method, params).result(type)`` without
-        the handle: nothing else can wait on this call's future, so it is
-        awaited directly (no shield, no extra trip through the event loop).
+        ``method`` is an RPC declared in :mod:`protocol.rpc` (its params and
+        result types come with it), or a bare method name, whose result is
+        decoded as ``type`` (for methods this client does not declare).
+        The same as ``await self.start(method, params).result()`` without the
+        handle: nothing else can wait on this call's future, so it is awaited
+        directly (no shield, no extra trip through the event loop).
         """
-        call_id, future = self._send_call(method, params)
+        if isinstance(method, Rpc):
+            name, type = method.name, method.result
+        else:
+            name = method
+        call_id, future = self._send_call(name, params)
         try:
             answer = await future
         except asyncio.CancelledError:
             # Still pending means no answer came: cancel the call in execd too.
-            if self._proto.pending.get(call_id) is future:
+            if self._proto.is_pending(call_id, future):
                 self._send_cancel(call_id)
             raise
         if isinstance(answer, Reply):
@@ -271,16 +332,10 @@ class Client:
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        for event in self._proto.take_early(topic):
-            queue.put_nowait(event)
-        self._proto.subscriptions[topic] = queue
-        if self._proto.closed:
-            queue.put_nowait(None)
-        return queue
+        return self._proto.subscribe(topic)
 
     def unsubscribe(self, topic: int) -> None:
-        self._proto.subscriptions.pop(topic, None)
+        self._proto.unsubscribe(topic)
 
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
@@ -301,22 +356,14 @@ class Client:
 
     def _send_call(self, method: str, params: Any) -> tuple[int, asyncio.Future[Reply | Error]]:
         """Frame and send a Call; return its id and the future of its answer."""
-        proto = self._proto
-        if proto.closed:
-            raise proto.lost or ConnectionLost("connection to execd closed")
-        call_id = next(self._ids)
-        raw = _EMPTY_PARAMS if params is None else to_raw(params)
-        frame = proto.conn.send(Call(id=call_id, method=method, params=raw))
-        future: asyncio.Future[Reply | Error] = proto.loop.create_future()
-        proto.pending[call_id] = future
-        proto.write(frame)
-        return call_id, future
+        # NoParams is the empty map: spare the no-op round trip its encoding.
+        raw = _EMPTY_PARAMS if params is None or type(params) is NoParams else to_raw(params)
+        return self._proto.start_call(method, raw)
 
     def _send_cancel(self, call_id: int) -> None:
         """Ask execd to cancel a call in flight (nothing happens if it cannot be sent)."""
-        with contextlib.suppress(ConnectionLost, TransportClosed, Exception):
-            proto = self._proto
-            proto.write(proto.conn.send(Cancel(id=call_id)))
+        with contextlib.suppress(Exception):
+            self._proto.send(Cancel(id=call_id))
 
     def _unpack(self, answer: Reply | Error, type: Any) -> Any:
         if isinstance(answer, Error):
@@ -328,24 +375,6 @@ class Client:
             return from_raw(answer.result, type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
-
-    async def _iter_stream(self, source: InboundStream) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                data = await source.read()
-            except TransportClosed:
-                if self._proto.lost is not None:
-                    raise self._proto.lost from None
-                return
-            if data is None:
-                return
-            yield data
-
-    async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
-        try:
-            await self._proto.send_stream(call_id, stream, data, end=end)
-        except TransportClosed:
-            raise self._proto.lost or ConnectionLost("connection to execd closed") from None
 
     def _keepalive_tick(self) -> bool:
         """Ping execd, or give the connection up; False when done with pings.
@@ -372,7 +401,7 @@ class Client:
         self._pings += 1
         self._unanswered += 1
         try:
-            proto.write(proto.conn.ping(self._pings))
+            proto.send(Ping(seq=self._pings))
         except Exception:  # a transport closing under the write: the next tick sees it
             return not proto.closed
         return True

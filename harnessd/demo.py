@@ -21,8 +21,8 @@ from typing import Any, TextIO
 
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.launcher import DEFAULT_LEASE, CloseResult, serve
-from harnessd.models import ScriptedModel
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import ToolConfig
 from harnessd.trace import Trace
 

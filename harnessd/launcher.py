@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import posixpath
@@ -60,11 +59,21 @@ from typing import Any
 
 from harnessd.api import ExecdClient, connect
 from harnessd.errors import ConnectionLost, HarnessError, LaunchFailed
+from harnessd.execd_log import (
+    MAX_LOG_READ,
+    POLL_FIRST,
+    POLL_MAX,
+    await_exit,
+    describe_exit,
+    log_tail,
+    parse_event,
+    scan,
+)
 from harnessd.opening import Opening
-from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError
+from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError, remove_workdir
 from harnessd.token import new_token
 from protocol import limits
-from protocol.api.core import CloseReport
+from protocol.rpc.core import CloseReport
 
 log = logging.getLogger("harnessd.launcher")
 
@@ -75,19 +84,9 @@ DEFAULT_LEASE = 30.0
 LEASE_PINGS = 3
 """Keepalive pings per lease at least: a late ping or two never costs the lease."""
 
-LOG_TAIL_LINES = 40
-"""How many trailing log lines a LaunchFailed carries."""
-
-MAX_LOG_READ = 8 * 1024 * 1024
-"""Largest log the launcher reads back."""
-
 _SH = "/bin/sh"
-_POLL_FIRST = 0.02
-_POLL_MAX = 0.25
 _SETTLE = 0.05
 _LATE_ANNOUNCE = 5.0
-_MAX_LINE = 1000
-_REDACTED = "[token redacted]"
 _MARKER_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _MARKER_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
@@ -259,7 +258,7 @@ class Session:
     async def _close_call(self, client: ExecdClient) -> CloseReport:
         budget = self._options.cleanup_timeout
         async with asyncio.timeout(budget + 10.0):
-            return await client.close_session(shutdown=True, timeout=budget)
+            return await client.shutdown(timeout=budget)
 
     async def _close_remote(self) -> CloseReport:
         try:
@@ -292,7 +291,7 @@ class Session:
             except Exception as exc:
                 fallback_error = f"{type(exc).__name__}: {exc}"
                 log.error("execd cleanup failed: %s", exc)
-        exit_code = await _await_exit(
+        exit_code = await await_exit(
             self.runtime, self.log_path, 10.0 if report is not None else 2.0
         )
         housekeeping_error = await self._housekeeping(keep_log)
@@ -324,7 +323,7 @@ class Session:
         ]
         result = await self.runtime.run(argv, timeout=budget + 30.0)
         for line in reversed(result.stdout.splitlines()):
-            event = _parse_event(line)
+            event = parse_event(line)
             if event is not None and event.get("event") == "cleanup":
                 killed = event.get("killed")
                 left = event.get("remaining")
@@ -575,7 +574,7 @@ class _Plan:
     async def _await_announcement(self, token: str) -> _Announcement:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout
-        delay = _POLL_FIRST
+        delay = POLL_FIRST
         data = b""
         read_error: WorkspaceError | None = None
         while True:
@@ -584,17 +583,17 @@ class _Plan:
                 read_error = None
             except WorkspaceError as exc:
                 read_error = exc
-            exited, listening = _scan(data)
+            exited, listening = scan(data)
             if exited is not None:
-                raise self._failure(_describe_exit(exited), data, token)
+                raise self._failure(describe_exit(exited), data, token)
             if listening is not None:
                 await asyncio.sleep(_SETTLE)
                 with contextlib.suppress(WorkspaceError):
                     data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
-                exited, _ = _scan(data)
+                exited, _ = scan(data)
                 if exited is not None:
                     raise self._failure(
-                        f"announced a port, then {_describe_exit(exited)}", data, token
+                        f"announced a port, then {describe_exit(exited)}", data, token
                     )
                 return self._check(listening, data, token)
             left = deadline - loop.time()
@@ -604,7 +603,7 @@ class _Plan:
                     why += f" (last log read failed: {read_error})"
                 raise self._failure(why, data, token)
             await asyncio.sleep(min(delay, left))
-            delay = min(delay * 1.5, _POLL_MAX)
+            delay = min(delay * 1.5, POLL_MAX)
 
     def _check(self, event: dict[str, Any], data: bytes, token: str) -> _Announcement:
         host, port, pid = event.get("host"), event.get("port"), event.get("pid")
@@ -651,7 +650,7 @@ class _Plan:
         data = b""
         with contextlib.suppress(WorkspaceError):
             data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
-        if _scan(data)[0] is not None:
+        if scan(data)[0] is not None:
             return
         host = self.connect_host or _connectable(announced.host)
         with contextlib.suppress(HarnessError, TimeoutError, OSError):
@@ -659,7 +658,7 @@ class _Plan:
                 host, announced.port, token, encrypt=self.options.encrypt, timeout=5.0
             )
             async with client:
-                await client.close_session(shutdown=True, timeout=self.options.cleanup_timeout)
+                await client.shutdown(timeout=self.options.cleanup_timeout)
 
     async def _late_announcement(self, token: str) -> _Announcement | None:
         loop = asyncio.get_running_loop()
@@ -668,7 +667,7 @@ class _Plan:
             data = b""
             with contextlib.suppress(WorkspaceError):
                 data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
-            exited, listening = _scan(data)
+            exited, listening = scan(data)
             if exited is not None:
                 return None
             if listening is not None:
@@ -677,7 +676,7 @@ class _Plan:
                 return None
             if loop.time() >= deadline:
                 return None
-            await asyncio.sleep(_POLL_MAX)
+            await asyncio.sleep(POLL_MAX)
 
 
 async def _bounded(work: Awaitable[None], limit: float = 30.0) -> None:
@@ -693,93 +692,9 @@ async def _bounded(work: Awaitable[None], limit: float = 30.0) -> None:
         task.cancel()
 
 
-def _parse_event(line: bytes) -> dict[str, Any] | None:
-    text = line.strip()
-    if not text.startswith(b"{"):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(value, dict) and isinstance(value.get("event"), str):
-        return value
-    return None
-
-
-def _scan(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The first ``exited`` and the first ``listening`` event in a log."""
-    exited: dict[str, Any] | None = None
-    listening: dict[str, Any] | None = None
-    for line in data.splitlines():
-        event = _parse_event(line)
-        if event is None:
-            continue
-        if event["event"] == "exited" and exited is None:
-            exited = event
-        elif event["event"] == "listening" and listening is None:
-            listening = event
-    return exited, listening
-
-
-def _describe_exit(event: dict[str, Any]) -> str:
-    code = event.get("code")
-    error = event.get("error")
-    if event.get("source") == "supervisor" and isinstance(code, int) and code > 128:
-        what = f"was ended by signal {code - 128}"
-    else:
-        what = f"exited with status {code}"
-    if isinstance(error, str) and error:
-        what += f": {error[:_MAX_LINE]}"
-    return what
-
-
-def log_tail(data: bytes, token: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log, each cut to 1000 characters, ``token`` redacted."""
-    text = data.decode("utf-8", "replace")
-    if token:
-        text = text.replace(token, _REDACTED)
-    kept = text.splitlines()[-lines:]
-    shown = [line if len(line) <= _MAX_LINE else line[:_MAX_LINE] + "..." for line in kept]
-    return "\n".join(shown) if shown else "(the log is empty)"
-
-
 def _connectable(host: str) -> str:
     if host in ("0.0.0.0", ""):  # noqa: S104 - recognising the wildcard, not binding it
         return "127.0.0.1"
     if host == "::":
         return "::1"
     return host
-
-
-async def _await_exit(runtime: Runtime, log_path: str, limit: float) -> int | None:
-    """Poll the log until an ``exited`` line appears; its code, or None after ``limit`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    delay = _POLL_FIRST
-    while True:
-        with contextlib.suppress(Exception):
-            exited, _ = _scan(await runtime.read_file(log_path, max_bytes=MAX_LOG_READ))
-            if exited is not None:
-                code = exited.get("code")
-                return code if isinstance(code, int) else -1
-        left = deadline - loop.time()
-        if left <= 0:
-            return None
-        await asyncio.sleep(min(delay, left))
-        delay = min(delay * 1.5, _POLL_MAX)
-
-
-async def remove_workdir(runtime: Runtime, path: str) -> None:
-    """Remove a launcher working directory and everything in it (``rm -rf``) via ``runtime``.
-
-    :meth:`Session.close` calls this with ``keep_log=False`` when :func:`serve`
-    created the directory. Refuses relative paths, ``/`` and paths with ``..``.
-    Raises WorkspaceError when removal fails.
-    """
-    normal = posixpath.normpath(path)
-    if not posixpath.isabs(path) or not normal.strip("/") or ".." in path.split("/"):
-        raise ValueError(f"refusing to remove {path!r}")
-    result = await runtime.run(["rm", "-rf", "--", normal], timeout=30.0)
-    if result.exit_code != 0:
-        detail = result.stderr.decode("utf-8", "replace").strip()[:500]
-        raise WorkspaceError(f"cannot remove {normal}: {detail}")

@@ -41,9 +41,9 @@ from typing import Any, Protocol
 import msgspec
 
 from harnessd.errors import HarnessError, LedgerConflict
-from protocol.api import ledger as api
 from protocol.connection import HandshakeComplete
 from protocol.ledger_chain import GENESIS_HASH, MAX_SEQ, entry_hash
+from protocol.rpc import ledger as rpc
 
 MIN_BATCH_BYTES = 1024
 """Smallest batch budget accepted."""
@@ -69,12 +69,12 @@ class LedgerDiverged(HarnessError):
 
 
 class LedgerPeer(Protocol):
-    """The part of :class:`~harnessd.api.ExecdClient` the sync uses."""
+    """The part of :class:`~harnessd.rpc.ExecdClient` the sync uses."""
 
     @property
     def info(self) -> HandshakeComplete: ...
 
-    async def ledger_head(self, session: str) -> api.LedgerHead: ...
+    async def ledger_head(self, session: str) -> rpc.LedgerHead: ...
 
     async def ledger_append(
         self,
@@ -83,11 +83,11 @@ class LedgerPeer(Protocol):
         prev_hash: bytes,
         entries: list[bytes],
         hashes: list[bytes] | None = None,
-    ) -> api.LedgerHead: ...
+    ) -> rpc.LedgerHead: ...
 
     async def ledger_append_large(
         self, session: str, seq: int, prev_hash: bytes, payload: bytes
-    ) -> api.LedgerHead: ...
+    ) -> rpc.LedgerHead: ...
 
     async def ledger_read(
         self,
@@ -96,7 +96,7 @@ class LedgerPeer(Protocol):
         *,
         limit: int | None = None,
         prev_hash: bytes | None = None,
-    ) -> list[api.LedgerRecord]: ...
+    ) -> list[rpc.LedgerRecord]: ...
 
 
 def encode_entry(entry: Mapping[str, Any]) -> bytes:
@@ -228,7 +228,7 @@ class LedgerSync:
     def __init__(
         self, session: str, ledger: LocalLedger, *, batch_bytes: int | None = None
     ) -> None:
-        msgspec.convert({"session": session}, api.HeadParams)  # validates the name
+        msgspec.convert({"session": session}, rpc.HeadParams)  # validates the name
         if batch_bytes is not None and batch_bytes < MIN_BATCH_BYTES:
             raise ValueError(f"batch_bytes must be at least {MIN_BATCH_BYTES}")
         self.session = session
@@ -331,20 +331,20 @@ class LedgerSync:
         last = first - 1
         for seq in range(first, self.ledger.seq + 1):
             cost = self.entry_cost(self.ledger.payload(seq))
-            if used + cost > budget or seq - first >= api.MAX_BATCH_ENTRIES:
+            if used + cost > budget or seq - first >= rpc.MAX_BATCH_ENTRIES:
                 break
             used += cost
             last = seq
         return last if last >= first else None
 
-    def _adopt(self, head: api.LedgerHead) -> None:
+    def _adopt(self, head: rpc.LedgerHead) -> None:
         if head.seq > self.ledger.seq:
             raise self._diverged(head, "execd is ahead of the local ledger")
         if head.hash != self.ledger.hash_at(head.seq):
             raise self._diverged(head, f"execd's entry {head.seq} differs from the local one")
         self.acked = head.seq
 
-    def _diverged(self, head: api.LedgerHead, why: str) -> LedgerDiverged:
+    def _diverged(self, head: rpc.LedgerHead, why: str) -> LedgerDiverged:
         return LedgerDiverged(
             f"ledger {self.session!r} diverged: {why} "
             f"(execd at {head.seq}, local head {self.ledger.seq})",
@@ -363,12 +363,12 @@ class LedgerSync:
         for record in records:
             if record.seq > self.ledger.seq or record.hash != self.ledger.hash_at(record.seq):
                 raise self._diverged(
-                    api.LedgerHead(seq=record.seq, hash=record.hash),
+                    rpc.LedgerHead(seq=record.seq, hash=record.hash),
                     f"entry {record.seq} read back differs",
                 )
             if record.payload != self.ledger.payload(record.seq):
                 raise self._diverged(
-                    api.LedgerHead(seq=record.seq, hash=record.hash),
+                    rpc.LedgerHead(seq=record.seq, hash=record.hash),
                     f"payload {record.seq} read back differs",
                 )
         if len(records) != self.ledger.seq:
@@ -385,15 +385,15 @@ class LedgerSync:
 
 def _fixed_overhead(session: str) -> int:
     """Encoded size of AppendParams with empty lists, plus room for two 5-byte array headers."""
-    empty = api.AppendParams(
+    empty = rpc.AppendParams(
         session=session, first_seq=MAX_SEQ, prev_hash=GENESIS_HASH, entries=[], hashes=[]
     )
     return len(_ENCODER.encode(empty)) + 8
 
 
-def _head_of(data: Any) -> api.LedgerHead | None:
+def _head_of(data: Any) -> rpc.LedgerHead | None:
     """execd's head from a LedgerConflict's data, when it is well formed."""
     try:
-        return msgspec.convert(data, api.LedgerHead)
+        return msgspec.convert(data, rpc.LedgerHead)
     except (msgspec.ValidationError, TypeError):
         return None

@@ -34,8 +34,10 @@ import msgspec
 from harnessd.agent import DEFAULT_SYSTEM_PROMPT, AgentLimits, AgentSession
 from harnessd.errors import HarnessError
 from harnessd.launcher import Launch, serve
-from harnessd.models import Model, OpenAIChatModel, PacedModel, ScriptedModel
+from harnessd.models import Model
+from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import PacedModel, ScriptedModel
 from harnessd.tools import ToolConfig
 from harnessd.trace import Trace
 
@@ -159,11 +161,11 @@ class LocalWorkspace:
 
 @dataclass(frozen=True, slots=True)
 class ScriptedModelSpec:
-    """A model factory: a :class:`~harnessd.models.ScriptedModel` of ``turns``.
+    """A model factory: a :class:`~harnessd.scripted_model.ScriptedModel` of ``turns``.
 
     ``turns`` are checked when the model is built (ModelConfigError).
     ``think``: seconds each turn waits first (a remote model's latency, see
-    :class:`~harnessd.models.PacedModel`), spread by ``jitter``.
+    :class:`~harnessd.scripted_model.PacedModel`), spread by ``jitter``.
     """
 
     turns: Sequence[Any]
@@ -180,7 +182,7 @@ class ScriptedModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class OpenAIModelSpec:
-    """A model factory: an OpenAI-compatible endpoint (:class:`~harnessd.models.OpenAIChatModel`).
+    """A model factory: an OpenAI-compatible endpoint (:class:`~harnessd.openai_model.OpenAIChatModel`).
 
     The key is read from ``api_key_env`` in the process that runs the
     rollout, when the model is built: it travels in no request.

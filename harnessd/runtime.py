@@ -464,3 +464,19 @@ def _stderr_text(result: CommandResult, limit: int = 2000) -> str:
     if len(text) > limit:
         text = "..." + text[-limit:]
     return text or f"exit status {result.exit_code}"
+
+
+async def remove_workdir(runtime: Runtime, path: str) -> None:
+    """Remove a launcher working directory and everything in it (``rm -rf``) via ``runtime``.
+
+    :meth:`~harnessd.launcher.Session.close` calls this with ``keep_log=False`` when :func:`~harnessd.launcher.serve`
+    created the directory. Refuses relative paths, ``/`` and paths with ``..``.
+    Raises WorkspaceError when removal fails.
+    """
+    normal = posixpath.normpath(path)
+    if not posixpath.isabs(path) or not normal.strip("/") or ".." in path.split("/"):
+        raise ValueError(f"refusing to remove {path!r}")
+    result = await runtime.run(["rm", "-rf", "--", normal], timeout=30.0)
+    if result.exit_code != 0:
+        detail = result.stderr.decode("utf-8", "replace").strip()[:500]
+        raise WorkspaceError(f"cannot remove {normal}: {detail}")

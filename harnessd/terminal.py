@@ -22,8 +22,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 
 from harnessd.client import CallHandle, Client
-from protocol.api import terminal as api
-from protocol.api.resources import Limits, as_limits
+from protocol.rpc import terminal as rpc
+from protocol.rpc.resources import Limits, as_limits
 
 #: Bytes a reading terminal buffers for :meth:`Terminal.read` before the program is made to wait.
 READ_BUFFER = 1024 * 1024
@@ -32,11 +32,11 @@ READ_BUFFER = 1024 * 1024
 class Terminal:
     """A program on a remote terminal; see the module docstring."""
 
-    def __init__(self, client: Client, info: api.TerminalInfo) -> None:
+    def __init__(self, client: Client, info: rpc.TerminalInfo) -> None:
         self._client = client
         self.info = info
         self.terminal_id = info.terminal_id
-        self._handle: CallHandle | None = None
+        self._handle: CallHandle[rpc.AttachResult] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._buffer = bytearray()
         self._arrived = asyncio.Event()
@@ -53,12 +53,12 @@ class Terminal:
 
     async def send(self, data: bytes) -> None:
         """Type ``data`` on the terminal (``b"\\x03"`` interrupts as Ctrl-C does)."""
-        await self._client.call(api.SEND, api.SendParams(terminal_id=self.terminal_id, data=data))
+        await self._client.call(rpc.SEND, rpc.SendParams(terminal_id=self.terminal_id, data=data))
 
     async def resize(self, rows: int, cols: int) -> None:
         """Set the window size; the program sees SIGWINCH."""
-        params = api.ResizeParams(terminal_id=self.terminal_id, rows=rows, cols=cols)
-        await self._client.call(api.RESIZE, params)
+        params = rpc.ResizeParams(terminal_id=self.terminal_id, rows=rows, cols=cols)
+        await self._client.call(rpc.RESIZE, params)
         self.info.rows, self.info.cols = rows, cols
 
     async def output(self) -> AsyncIterator[bytes]:
@@ -71,9 +71,9 @@ class Terminal:
         handle = self._attach()
         finished = False
         try:
-            async for chunk in handle.stream(api.OUTPUT_STREAM):
+            async for chunk in handle.stream(rpc.OUTPUT_STREAM):
                 yield chunk
-            result = await handle.result(api.AttachResult)
+            result = await handle.result()
             self.info, self.lost = result.info, result.lost
             finished = True
         finally:
@@ -116,25 +116,25 @@ class Terminal:
         self._room.set()
         return data
 
-    async def _fill(self, handle: CallHandle) -> None:
+    async def _fill(self, handle: CallHandle[rpc.AttachResult]) -> None:
         try:
-            async for chunk in handle.stream(api.OUTPUT_STREAM):
+            async for chunk in handle.stream(rpc.OUTPUT_STREAM):
                 self._buffer += chunk
                 self._arrived.set()
                 if len(self._buffer) >= READ_BUFFER:
                     self._room.clear()
                     await self._room.wait()
-            result = await handle.result(api.AttachResult)
+            result = await handle.result()
             self.info, self.lost = result.info, result.lost
         finally:
             self._handle = None
             self._arrived.set()
 
-    def _attach(self) -> CallHandle:
+    def _attach(self) -> CallHandle[rpc.AttachResult]:
         if self._handle is not None:
             raise RuntimeError("this terminal is already attached")
         self._handle = self._client.start(
-            api.ATTACH, api.AttachParams(terminal_id=self.terminal_id)
+            rpc.ATTACH, rpc.AttachParams(terminal_id=self.terminal_id)
         )
         return self._handle
 
@@ -154,7 +154,7 @@ class Terminal:
                 await self._pump
             self._pump = None
 
-    async def wait(self, timeout: float | None = None) -> api.TerminalInfo:
+    async def wait(self, timeout: float | None = None) -> rpc.TerminalInfo:
         """Wait for the program's exit (or ``timeout``); its info, with ``exit_code`` or ``signal``.
 
         While :meth:`read` follows the output, the exit arrives with its end.
@@ -167,11 +167,11 @@ class Terminal:
                 return self.info
         if self.info.state == "exited":
             return self.info
-        params = api.WaitParams(terminal_id=self.terminal_id, timeout=timeout)
-        self.info = await self._client.call(api.WAIT, params, api.TerminalInfo)
+        params = rpc.WaitParams(terminal_id=self.terminal_id, timeout=timeout)
+        self.info = await self._client.call(rpc.WAIT, params)
         return self.info
 
-    async def close(self, grace: float | None = None) -> api.TerminalInfo:
+    async def close(self, grace: float | None = None) -> rpc.TerminalInfo:
         """Hang up the terminal (its whole session), SIGKILL after ``grace``; how it ended.
 
         A terminal that is already gone (exited and its status read) keeps its last info.
@@ -179,13 +179,13 @@ class Terminal:
         await self.detach()
         if self.info.state == "exited":
             return self.info
-        params = api.CloseParams(terminal_id=self.terminal_id, grace=grace)
-        self.info = await self._client.call(api.CLOSE, params, api.TerminalInfo)
+        params = rpc.CloseParams(terminal_id=self.terminal_id, grace=grace)
+        self.info = await self._client.call(rpc.CLOSE, params)
         return self.info
 
 
 class TerminalsClient(Client):
-    """``terminal.*`` methods (a base of :class:`harnessd.api.ExecdClient`)."""
+    """``terminal.*`` methods (a base of :class:`harnessd.rpc.ExecdClient`)."""
 
     async def open_terminal(
         self,
@@ -200,7 +200,7 @@ class TerminalsClient(Client):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> Terminal:
         """Start ``argv`` (or ``command`` through ``/bin/sh -c``) on a new terminal."""
-        params = api.OpenParams(
+        params = rpc.OpenParams(
             argv=argv,
             command=command,
             rows=rows,
@@ -210,11 +210,11 @@ class TerminalsClient(Client):
             unset=unset,
             limits=as_limits(limits),
         )
-        return Terminal(self, await self.call(api.OPEN, params, api.TerminalInfo))
+        return Terminal(self, await self.call(rpc.OPEN, params))
 
     def attach_terminal(self, terminal_id: str) -> Terminal:
         """A :class:`Terminal` for one opened earlier (by this or another connection)."""
-        info = api.TerminalInfo(
+        info = rpc.TerminalInfo(
             terminal_id=terminal_id, pid=0, tty="", title="", state="running", rows=0, cols=0
         )
         return Terminal(self, info)

@@ -26,19 +26,19 @@ from typing import Annotated, Literal
 import msgspec
 
 from harnessd.terminal import Terminal
+from harnessd.tool_text import ToolFailed
 from harnessd.tools import (
     MAX_SECONDS,
     CallContext,
     Command,
     Name,
     Toolbox,
-    ToolFailed,
     WorkDir,
     _Args,
     about,
     tool,
 )
-from protocol.api import terminal as terminal_api
+from protocol.rpc import terminal as terminal_api
 
 MAX_TERMINALS = 8
 """Terminals one toolbox keeps open at a time."""

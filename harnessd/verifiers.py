@@ -62,7 +62,7 @@ from harnessd.errors import HarnessError, NotFound, SpawnFailed
 from harnessd.launcher import Session, default_execd_command, serve
 from harnessd.runtime import CommandPrefixRuntime, LocalRuntime
 from harnessd.runtime import Runtime as WorkspaceRuntime
-from protocol.api import shell
+from protocol.rpc import shell
 
 __all__ = [
     "ExecdConfig",
@@ -215,7 +215,7 @@ def _url_host(host: str) -> str:
 class ExecdProcess(RuntimeProcess):  # type: ignore[misc]
     """A live command in execd: stdout/stderr stream as bytes, stdin is fed from ``write``."""
 
-    def __init__(self, client: ExecdClient, command: RunningCommand) -> None:
+    def __init__(self, client: ExecdClient, command: RunningCommand[shell.RunResult]) -> None:
         self._client = client
         self._command = command
         self._code: int | None = None
@@ -348,7 +348,7 @@ class ExecdRuntime(Runtime):  # type: ignore[misc]
             with contextlib.suppress(HarnessError):
                 await client.run(self._cleanup_argv(uid), timeout=self.config.cleanup_timeout + 30)
         with contextlib.suppress(HarnessError):
-            await client.close_session(shutdown=False, timeout=self.config.cleanup_timeout)
+            await client.cleanup(timeout=self.config.cleanup_timeout)
         if box.created_workdir and box.workdir is not None:
             with contextlib.suppress(HarnessError):
                 await client.remove(box.workdir, recursive=True, missing_ok=True)

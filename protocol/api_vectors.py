@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol import limits
-from protocol.api import shell, terminal
-from protocol.api.resources import Limits
 from protocol.codec import ENCODER, to_raw
 from protocol.framing import encode_frame
 from protocol.messages import Call, Chunk, Message, Reply
+from protocol.rpc import shell, terminal
+from protocol.rpc.resources import Limits
 
 _INFO = terminal.TerminalInfo(
     terminal_id="0011223344556677",
@@ -45,16 +45,20 @@ _RESULT = shell.RunResult(
 
 #: (label, message, the params or result value it carries, or None) of every vector.
 CASES: list[tuple[str, Message, Any]] = [
-    ("terminal.open call", Call(id=7, method=terminal.OPEN, params=to_raw(_OPEN)), _OPEN),
+    ("terminal.open call", Call(id=7, method=terminal.OPEN.name, params=to_raw(_OPEN)), _OPEN),
     ("terminal.open reply", Reply(id=7, result=to_raw(_INFO)), _INFO),
-    ("terminal.send call", Call(id=8, method=terminal.SEND, params=to_raw(_SEND)), _SEND),
-    ("terminal.resize call", Call(id=9, method=terminal.RESIZE, params=to_raw(_RESIZE)), _RESIZE),
+    ("terminal.send call", Call(id=8, method=terminal.SEND.name, params=to_raw(_SEND)), _SEND),
+    (
+        "terminal.resize call",
+        Call(id=9, method=terminal.RESIZE.name, params=to_raw(_RESIZE)),
+        _RESIZE,
+    ),
     (
         "terminal.attach output chunk",
         Chunk(id=10, stream=terminal.OUTPUT_STREAM, seq=0, data=b"42\r\n>>> "),
         None,
     ),
-    ("shell.run call with limits", Call(id=11, method=shell.RUN, params=to_raw(_RUN)), _RUN),
+    ("shell.run call with limits", Call(id=11, method=shell.RUN.name, params=to_raw(_RUN)), _RUN),
     ("shell.run reply, limit exceeded", Reply(id=11, result=to_raw(_RESULT)), _RESULT),
 ]
 

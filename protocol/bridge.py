@@ -8,11 +8,21 @@ the transport's write backpressure, waiting for stream credit, and the
 buffers of inbound streams. Roles subclass it and implement
 :meth:`FramedProtocol.handle_event` and :meth:`FramedProtocol.handle_closed`.
 
+Sending has one path: :meth:`FramedProtocol.send` asks the state machine for
+the frame of a message (which checks and books it) and writes it to the
+transport. A closed transport is mapped to one exception there and only
+there: :meth:`FramedProtocol.closed_error`, a
+:class:`~protocol.errors.ConnectionLost` unless a role knows better. Reading
+a stream of a connection that has closed raises the same.
+
 Inbound stream data is buffered per ``(call id, stream)`` until the
 application reads it; credit is granted back only as it is read, so a stream
 never buffers more than the window this side announced, and the total over all
 streams of one connection is capped by ``max_inbound_buffer`` (exceeding it is
-a flow-control violation that closes the connection).
+a flow-control violation that closes the connection). Each stream has one
+record, :class:`Stream`: its buffered chunks, its reader and the writer
+waiting for credit on it. When its call finishes the stream ends: what was
+buffered can still be read, then iteration stops.
 """
 
 from __future__ import annotations
@@ -24,9 +34,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Final, cast
 
-from protocol.connection import Connection, ConnectionEvent, State, StreamKey
-from protocol.errors import ErrorCode, FlowControlViolation, RemoteProtocolError
-from protocol.messages import Chunk, Credit
+from protocol.connection import Connection, ConnectionEvent, Frame, State
+from protocol.errors import (
+    ConnectionLost,
+    ErrorCode,
+    FlowControlViolation,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
+from protocol.messages import Chunk, Credit, Error, Message, Reply
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +55,32 @@ STREAM_CHUNK: Final = 1024 * 1024
 MIN_STREAM_CHUNK: Final = 64 * 1024
 
 
-class TransportClosed(Exception):
-    """The transport under a FramedProtocol is gone; nothing more can be sent."""
+class Stream:
+    """One ``(call id, stream name)`` on the glue's side: inbound buffer and credit waiter."""
 
+    __slots__ = (
+        "_chunks",
+        "_detached",
+        "_ended",
+        "_owner",
+        "_waiter",
+        "buffered",
+        "call_id",
+        "credit_waiter",
+        "name",
+    )
 
-class InboundStream:
-    """Buffered chunks of one inbound stream, consumed by one reader."""
-
-    __slots__ = ("_chunks", "_ended", "_error", "_owner", "_waiter", "buffered", "key")
-
-    def __init__(self, owner: FramedProtocol, key: StreamKey) -> None:
+    def __init__(self, owner: FramedProtocol, call_id: int, name: str) -> None:
         self._owner = owner
-        self.key = key
+        self.call_id = call_id
+        self.name = name
         self._chunks: collections.deque[bytes] = collections.deque()
         self._ended = False
-        self._error: BaseException | None = None
+        #: True once the call has finished: reads no longer grant credit.
+        self._detached = False
         self._waiter: asyncio.Future[None] | None = None
+        #: The sender waiting for the peer's credit on this stream, if any.
+        self.credit_waiter: asyncio.Future[None] | None = None
         self.buffered = 0
 
     def _push(self, data: bytes, end: bool) -> None:
@@ -65,9 +91,19 @@ class InboundStream:
             self._ended = True
         self._wake()
 
-    def _fail(self, exc: BaseException) -> None:
-        self._error = exc
+    def _finish(self) -> None:
+        """The call has finished: nothing more will come, nobody waits for credit."""
+        self._detached = True
+        self._ended = True
         self._wake()
+        self._credit_arrived()
+
+    def _credit_arrived(self) -> None:
+        waiter = self.credit_waiter
+        if waiter is not None:
+            self.credit_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -75,29 +111,39 @@ class InboundStream:
             waiter.set_result(None)
 
     async def read(self) -> bytes | None:
-        """The next chunk of data, or None once the stream has ended."""
+        """The next chunk of data, or None once the stream has ended.
+
+        Raises the connection's :meth:`~FramedProtocol.closed_error` once the
+        connection has closed and nothing buffered is left.
+        """
+        owner = self._owner
         while True:
             if self._chunks:
                 data = self._chunks.popleft()
                 self.buffered -= len(data)
-                self._owner._consumed(self.key, len(data))
+                if not self._detached:
+                    owner._consumed(self, len(data))
                 return data
             if self._ended:
                 return None
-            if self._error is not None:
-                raise self._error
+            if owner.closed:
+                raise owner.closed_error()
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Every chunk until the stream ends."""
         while True:
             data = await self.read()
             if data is None:
                 return
             yield data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.chunks()
 
 
 class FramedProtocol(asyncio.BufferedProtocol):
@@ -105,8 +151,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     A ``BufferedProtocol``: the transport receives straight into the buffer
     the connection offers (:meth:`Connection.get_buffer`), so the body of a
-    large frame is copied by the kernel only. :meth:`data_received` takes
-    bytes the same way for callers that have them in hand.
+    large frame is copied by the kernel only.
     """
 
     def __init__(
@@ -115,12 +160,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.max_inbound_buffer = max_inbound_buffer
-        self._inbound: dict[StreamKey, InboundStream] = {}
+        #: call id -> stream name -> its record; a call's entry goes when it finishes.
+        self._streams: dict[int, dict[str, Stream]] = {}
         self._inbound_total = 0
-        self._credit_waiters: dict[StreamKey, asyncio.Future[None]] = {}
         self._paused = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._seq: dict[StreamKey, int] = {}
         self.closed = False
         self.close_reason: BaseException | None = None
         #: ``time.monotonic()`` of the latest bytes received.
@@ -146,24 +190,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self._flush_outbox()
             self.abort(exc)
             return
-        self._dispatch(events)
-
-    def data_received(self, data: bytes) -> None:
-        """Take received bytes that are not in the connection's buffer."""
-        self.last_received = time.monotonic()
-        if self.closed:
-            return
-        try:
-            events = self.conn.receive_data(data)
-        except RemoteProtocolError as exc:
-            self._flush_outbox()
-            self.abort(exc)
-            return
-        self._dispatch(events)
-
-    def _dispatch(self, events: list[ConnectionEvent]) -> None:
-        conn = self.conn
-        out = conn.data_to_send()
+        out = self.conn.data_to_send()
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(out)
         for event in events:
@@ -173,10 +200,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
             elif kind is Credit:
                 self._on_credit(cast(Credit, event))
             else:
+                if kind is Reply or kind is Error:
+                    self.drop_streams(cast(Reply | Error, event).id)
                 self.handle_event(event)
             if self.closed:
                 return
-        if conn.state is State.CLOSED and not self.closed:
+        if self.conn.state is State.CLOSED:
             self.abort(None)
 
     def eof_received(self) -> bool | None:
@@ -205,26 +234,53 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """The connection is gone (once); ``reason`` is the error, if any."""
         raise NotImplementedError
 
+    def closed_error(self) -> Exception:
+        """What sending on, or reading from, this closed connection raises."""
+        return ConnectionLost("the connection is closed")
+
     # -- sending -------------------------------------------------------------
 
-    def write(self, data: bytes | bytearray) -> None:
-        """Write bytes to the transport, or raise TransportClosed."""
-        if self.closed or self.transport is None:
-            raise TransportClosed("the connection is closed")
-        if data:
-            self.transport.write(data)
+    def send(self, message: Message) -> None:
+        """Frame ``message`` through the state machine and write it: the one way out.
+
+        Raises :meth:`closed_error` when the connection is closed, and the
+        state machine's LocalProtocolError when the message is not allowed.
+        A final answer (Reply, Error) also ends the call's streams here.
+        """
+        if self.closed:
+            raise self.closed_error()
+        try:
+            frame = self.conn.send(message)
+        except LocalProtocolError:
+            if self.conn.state is State.CLOSED:
+                raise self.closed_error() from None
+            raise
+        transport = self.transport
+        if transport is None:
+            raise self.closed_error()
+        transport.write(frame)
+        kind = type(message)
+        if kind is Reply or kind is Error:
+            self.drop_streams(cast(Reply | Error, message).id)
+
+    def _write(self, frame: Frame) -> None:
+        transport = self.transport
+        if transport is None or self.closed:
+            raise self.closed_error()
+        if frame:
+            transport.write(frame)
 
     async def drain(self) -> None:
         """Wait until the transport's write buffer is below its high-water mark."""
         if self.closed:
-            raise TransportClosed("the connection is closed")
+            raise self.closed_error()
         if not self._paused:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._drain_waiters.append(waiter)
         await waiter
         if self.closed:
-            raise TransportClosed("the connection is closed")
+            raise self.closed_error()
 
     async def send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
         """Send ``data`` on a stream in chunks, waiting for credit and drain.
@@ -233,7 +289,6 @@ class FramedProtocol(asyncio.BufferedProtocol):
         the peer's window (but not under :data:`MIN_STREAM_CHUNK`), and carry
         views of ``data``: the bytes are copied once, into the frame.
         """
-        key = (call_id, stream)
         view = memoryview(data)
         offset = 0
         total = len(data)
@@ -241,85 +296,80 @@ class FramedProtocol(asyncio.BufferedProtocol):
         step = min(STREAM_CHUNK, max(MIN_STREAM_CHUNK, conn.peer_window // 4), conn.max_chunk)
         while True:
             if self.closed:
-                raise TransportClosed("the connection is closed")
+                raise self.closed_error()
             remaining = total - offset
             credit = conn.stream_credit(call_id, stream)
             if remaining and credit <= 0:
-                await self._wait_credit(key)
+                await self._wait_credit(call_id, stream)
                 continue
             size = min(remaining, credit, step)
             last = offset + size >= total
-            seq = self._seq.get(key, 0)
-            self._seq[key] = seq + 1
             # A view is encoded as msgpack bin exactly as bytes are.
             piece: bytes = data if size == total else cast(bytes, view[offset : offset + size])
-            chunk = Chunk(id=call_id, stream=stream, seq=seq, data=piece, end=end and last)
-            self.write(self.conn.send(chunk))
+            seq = conn.next_seq(call_id, stream)
+            self.send(Chunk(id=call_id, stream=stream, seq=seq, data=piece, end=end and last))
             offset += size
             if self._paused:
                 await self.drain()
             if last:
-                if end:
-                    self._seq.pop(key, None)
                 return
 
-    async def _wait_credit(self, key: StreamKey) -> None:
-        waiter = self._credit_waiters.get(key)
+    async def _wait_credit(self, call_id: int, stream: str) -> None:
+        entry = self.stream(call_id, stream)
+        waiter = entry.credit_waiter
         if waiter is None or waiter.done():
-            waiter = asyncio.get_running_loop().create_future()
-            self._credit_waiters[key] = waiter
+            waiter = entry.credit_waiter = asyncio.get_running_loop().create_future()
         await waiter
         if self.closed:
-            raise TransportClosed("the connection is closed")
+            raise self.closed_error()
 
     def _on_credit(self, credit: Credit) -> None:
-        waiter = self._credit_waiters.pop((credit.id, credit.stream), None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        streams = self._streams.get(credit.id)
+        entry = streams.get(credit.stream) if streams is not None else None
+        if entry is not None:
+            entry._credit_arrived()
 
     # -- receiving streams ---------------------------------------------------
 
-    def inbound(self, call_id: int, stream: str) -> InboundStream:
-        """The buffer of an inbound stream (created on first use by either side)."""
-        key = (call_id, stream)
-        entry = self._inbound.get(key)
+    def stream(self, call_id: int, name: str) -> Stream:
+        """The record of a stream of a call (created on first use by either side)."""
+        streams = self._streams.get(call_id)
+        if streams is None:
+            if not self.conn.in_flight(call_id):
+                # The call has finished (or never was): its streams have ended.
+                ended = Stream(self, call_id, name)
+                ended._finish()
+                return ended
+            streams = self._streams[call_id] = {}
+        entry = streams.get(name)
         if entry is None:
-            entry = InboundStream(self, key)
-            self._inbound[key] = entry
-            if self.closed:
-                entry._fail(TransportClosed("the connection is closed"))
+            entry = streams[name] = Stream(self, call_id, name)
         return entry
 
     def _on_chunk(self, chunk: Chunk) -> None:
-        stream = self.inbound(chunk.id, chunk.stream)
+        entry = self.stream(chunk.id, chunk.stream)
         self._inbound_total += len(chunk.data)
         if self._inbound_total > self.max_inbound_buffer:
             self.abort(FlowControlViolation("peer's unread stream data exceeds the buffer cap"))
             return
-        stream._push(chunk.data, chunk.end)
+        entry._push(chunk.data, chunk.end)
 
-    def _consumed(self, key: StreamKey, nbytes: int) -> None:
+    def _consumed(self, entry: Stream, nbytes: int) -> None:
         self._inbound_total -= nbytes
         if self.closed:
             return
-        frame = self.conn.grant(key[0], key[1], nbytes)
+        frame = self.conn.grant(entry.call_id, entry.name, nbytes)
         if frame:
-            self.write(frame)
+            self._write(frame)
 
     def drop_streams(self, call_id: int) -> None:
-        """Forget every stream buffer and credit waiter of a finished call."""
-        if not (self._inbound or self._credit_waiters or self._seq):
+        """A call has finished: end its streams and wake whoever waits on them."""
+        streams = self._streams.pop(call_id, None)
+        if streams is None:
             return
-        for key in [k for k in self._inbound if k[0] == call_id]:
-            entry = self._inbound.pop(key)
+        for entry in streams.values():
             self._inbound_total -= entry.buffered
-            entry._fail(TransportClosed("the call has finished"))
-        for key in [k for k in self._credit_waiters if k[0] == call_id]:
-            waiter = self._credit_waiters.pop(key)
-            if not waiter.done():
-                waiter.set_result(None)
-        for key in [k for k in self._seq if k[0] == call_id]:
-            del self._seq[key]
+            entry._finish()
 
     # -- closing -------------------------------------------------------------
 
@@ -349,13 +399,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.closed:
             return
         self.closed = True
-        failure = TransportClosed("the connection is closed")
-        for entry in self._inbound.values():
-            entry._fail(failure)
-        for waiter in self._credit_waiters.values():
-            if not waiter.done():
-                waiter.set_result(None)
-        self._credit_waiters.clear()
+        for streams in self._streams.values():
+            for entry in streams.values():
+                entry._wake()
+                entry._credit_arrived()
         while self._drain_waiters:
             waiter = self._drain_waiters.popleft()
             if not waiter.done():

@@ -31,6 +31,14 @@ Once open, the machine keeps the books the peer could abuse:
   the receiving application calls :meth:`Connection.grant` after consuming
   data, so a slow reader bounds what the sender can have in flight.
 
+Which message may be received or sent in which state is decided by the
+tables of :mod:`protocol.states` alone (PROTOCOL.md section 5); this module
+keeps the books those messages change. Each call in flight has one record,
+holding one record per stream name (:class:`_Stream`): both directions'
+credit, sequence numbers and ends. The machine numbers outgoing chunks
+(:meth:`Connection.next_seq`) and hands out call ids
+(:meth:`ClientConnection.next_call_id`): the glue allocates neither.
+
 Any violation raises a :class:`~protocol.errors.RemoteProtocolError`: the machine
 moves to ``CLOSED`` and leaves an Abort frame in the outbox for the caller to
 send before closing the socket. Chunks and credits for calls that have already
@@ -39,11 +47,10 @@ finished are dropped silently: they are the normal race with a final answer.
 
 from __future__ import annotations
 
-import enum
 import secrets
-import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, ClassVar
 
 from protocol import limits
 from protocol.aead import FrameOpener, FrameSealer
@@ -81,7 +88,6 @@ from protocol.messages import (
     Chunk,
     Credit,
     Error,
-    Event,
     Hello,
     Message,
     Ping,
@@ -89,16 +95,17 @@ from protocol.messages import (
     Reply,
     Welcome,
 )
+from protocol.states import ACCEPTS, HANDSHAKE_ORDER, SENDS, Role, State
 
-_HEADER: Final = struct.Struct(">I")
-
-
-class State(enum.Enum):
-    """Where a connection is in its life."""
-
-    HANDSHAKE = "handshake"
-    OPEN = "open"
-    CLOSED = "closed"
+__all__ = [
+    "ClientConnection",
+    "Connection",
+    "ConnectionEvent",
+    "HandshakeComplete",
+    "ServerConnection",
+    "State",
+    "StreamKey",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,32 @@ class HandshakeComplete:
 
 ConnectionEvent = HandshakeComplete | Message
 StreamKey = tuple[int, str]
+Frame = bytes | bytearray
+#: How a role sends, or takes in, one kind of message (unbound methods).
+_Sender = Callable[[Any, Any], Frame]
+_Receiver = Callable[[Any, Any, list[ConnectionEvent]], None]
+
+
+class _Stream:
+    """The books of one stream name of one call, in both directions."""
+
+    __slots__ = ("in_ended", "in_left", "in_seq", "out_credit", "out_ended", "out_seq")
+
+    def __init__(self, out_credit: int, in_left: int) -> None:
+        #: Data bytes this side may still send: the peer's window plus its grants.
+        self.out_credit = out_credit
+        #: The seq of this side's next chunk (0 until it first sends).
+        self.out_seq = 0
+        self.out_ended = False
+        #: Data bytes the peer may still send: this side's window plus its grants.
+        self.in_left = in_left
+        #: The seq the peer's next chunk must carry (0 until it first sends).
+        self.in_seq = 0
+        self.in_ended = False
+
+
+#: The record of one call in flight: its streams by name.
+_Call = dict[str, _Stream]
 
 
 def _check_limits(max_frame: int, window: int) -> None:
@@ -126,6 +159,12 @@ def _check_limits(max_frame: int, window: int) -> None:
 class Connection:
     """What both roles share: framing, sealing, streams and credit."""
 
+    role: ClassVar[Role]
+    #: message type -> how this role sends it: exactly ``states.SENDS[role]``.
+    _senders: ClassVar[dict[type[Message], _Sender]]
+    #: message type -> how this role takes it in: every type it ever accepts.
+    _receivers: ClassVar[dict[type[Message], _Receiver]]
+
     def __init__(self, token: bytes, *, max_frame: int, window: int) -> None:
         if not token:
             raise ValueError("an empty token cannot authenticate anything")
@@ -133,23 +172,22 @@ class Connection:
         self._token = token
         self.max_frame = max_frame
         self.window = window
-        self.state = State.HANDSHAKE
         self.peer_max_frame = limits.PREAUTH_MAX_FRAME
         self.peer_window = limits.MIN_STREAM_WINDOW
         self.cipher = limits.CIPHER_NONE
         self.version = 0
         self._reader = FrameReader(limits.PREAUTH_MAX_FRAME)
         self._outbox = bytearray()
-        self._sealer: FrameSealer | None = None
+        self._seal: Callable[[bytes, bytes], bytes] | None = None
         self._opener: FrameOpener | None = None
-        self._send_credit: dict[StreamKey, int] = {}
-        self._recv_left: dict[StreamKey, int] = {}
-        self._streams: dict[int, set[str]] = {}
-        self._send_ended: set[StreamKey] = set()
-        self._recv_ended: set[StreamKey] = set()
-        self._recv_seq: dict[StreamKey, int] = {}
+        #: Calls in flight (sent and unanswered on a client, received and
+        #: unanswered on a server), each with the books of its streams.
+        self._calls: dict[int, _Call] = {}
         self._negotiated: Negotiated | None = None
-        self._expect: type[Message] = Hello
+        self._handshake_step = 0
+        self._transcript = b""
+        self.state = State.HANDSHAKE
+        self._accepted = ACCEPTS[self.role][State.HANDSHAKE]
 
     # -- public API ---------------------------------------------------------
 
@@ -161,7 +199,7 @@ class Connection:
     @property
     def max_chunk(self) -> int:
         """The largest data payload one Chunk to the peer may carry."""
-        overhead = limits.CHUNK_OVERHEAD + (limits.AEAD_TAG_SIZE if self._sealer else 0)
+        overhead = limits.CHUNK_OVERHEAD + (limits.AEAD_TAG_SIZE if self._seal else 0)
         return self.peer_max_frame - overhead
 
     def data_to_send(self) -> bytes:
@@ -201,6 +239,71 @@ class Connection:
         self._reader.buffer_updated(nbytes)
         return self._process()
 
+    def send(self, message: Message) -> Frame:
+        """The framed (and, once negotiated, sealed) bytes of ``message``.
+
+        Raises LocalProtocolError when the message is not allowed now (see
+        :mod:`protocol.states`), and FlowControlBlocked when a chunk exceeds
+        the granted credit. A message that cannot be sent leaves no trace in
+        the books: each sender checks, frames, and only then commits.
+        """
+        sender = self._senders.get(type(message))
+        if sender is None or self.state is not State.OPEN:
+            raise LocalProtocolError(
+                f"a {self.role.value} cannot send {type(message).__name__} in state "
+                f"{self.state.value}"
+            )
+        return sender(self, message)
+
+    def in_flight(self, call_id: int) -> bool:
+        """Whether call ``call_id`` is in flight (its answer not yet sent or received)."""
+        return call_id in self._calls
+
+    def next_seq(self, call_id: int, stream: str) -> int:
+        """The ``seq`` the next chunk this side sends on ``(call_id, stream)`` must carry."""
+        call = self._calls.get(call_id)
+        entry = call.get(stream) if call is not None else None
+        return entry.out_seq if entry is not None else 0
+
+    def stream_credit(self, call_id: int, stream: str) -> int:
+        """How many data bytes may be sent on ``(call_id, stream)`` right now."""
+        call = self._calls.get(call_id)
+        entry = call.get(stream) if call is not None else None
+        if entry is None or entry.out_ended:
+            return self.peer_window
+        return entry.out_credit
+
+    def grant(self, call_id: int, stream: str, nbytes: int) -> Frame:
+        """Let the peer send ``nbytes`` more on a stream whose data was consumed.
+
+        Returns the Credit frame to send, or empty bytes when the stream has
+        already finished (nothing more will come on it).
+        """
+        if nbytes > limits.MAX_STREAM_WINDOW:
+            raise LocalProtocolError(f"a grant of {nbytes} bytes exceeds the largest window")
+        call = self._calls.get(call_id)
+        entry = call.get(stream) if call is not None else None
+        if (
+            nbytes <= 0
+            or entry is None
+            or entry.in_seq == 0
+            or entry.in_ended
+            or self.state is not State.OPEN
+        ):
+            return b""
+        entry.in_left += nbytes
+        return self._frame(Credit(id=call_id, stream=stream, bytes=nbytes))
+
+    def close(self, code: ErrorCode = ErrorCode.GOING_AWAY, message: str = "") -> bytes:
+        """Move to CLOSED; return an Abort frame to send first (empty if already closed)."""
+        if self.state is State.CLOSED:
+            return b""
+        out = bytes(self._abort_frame(code, message))
+        self._enter(State.CLOSED)
+        return out
+
+    # -- receiving ----------------------------------------------------------
+
     def _process(self) -> list[ConnectionEvent]:
         reader = self._reader
         events: list[ConnectionEvent] = []
@@ -214,100 +317,125 @@ class Connection:
                 if self._opener is not None:
                     body = self._opener.open(frame_header(len(frame)), frame)
                 message = decode_message(body)
-                if body is not frame or type(message) is Chunk:
+                kind = type(message)
+                if body is not frame or kind is Chunk:
                     # Nothing refers to the received buffer any more: a
                     # Chunk's data is a copy (only Raw payloads point into
                     # the buffer they were decoded from).
                     reader.recycle(frame)
-                self._handle(message, events)
+                if kind not in self._accepted:
+                    raise UnexpectedMessage(
+                        f"a {self.role.value} does not accept {kind.__name__} in state "
+                        f"{self.state.value}"
+                    )
+                self._receivers[kind](self, message, events)
         except RemoteProtocolError as exc:
             self._fail(exc)
             raise
         return events
 
-    def send(self, message: Message) -> bytes | bytearray:
-        """The framed (and, once negotiated, sealed) bytes of ``message``.
-
-        Raises LocalProtocolError when the message is not allowed now, and
-        FlowControlBlocked when a chunk exceeds the granted credit.
-        """
-        if self.state is not State.OPEN:
-            raise LocalProtocolError(f"cannot send {type(message).__name__} in state {self.state}")
-        # Check, frame, and only then commit: a message that cannot be framed
-        # (too large for the peer's cap) leaves no trace in the books.
-        self._check_send(message)
-        frame = self._frame(message)
-        self._commit_send(message)
-        return frame
-
-    def stream_credit(self, call_id: int, stream: str) -> int:
-        """How many data bytes may be sent on ``(call_id, stream)`` right now."""
-        return self._send_credit.get((call_id, stream), self.peer_window)
-
-    def grant(self, call_id: int, stream: str, nbytes: int) -> bytes | bytearray:
-        """Let the peer send ``nbytes`` more on a stream whose data was consumed.
-
-        Returns the Credit frame to send, or empty bytes when the stream has
-        already finished (nothing more will come on it).
-        """
-        key = (call_id, stream)
-        if nbytes > limits.MAX_STREAM_WINDOW:
-            raise LocalProtocolError(f"a grant of {nbytes} bytes exceeds the largest window")
-        if nbytes <= 0 or key not in self._recv_left or self.state is not State.OPEN:
-            return b""
-        self._recv_left[key] += nbytes
-        return self._frame(Credit(id=call_id, stream=stream, bytes=nbytes))
-
-    def ping(self, seq: int) -> bytes | bytearray:
-        """A Ping frame; the peer answers with a Pong event carrying ``seq``."""
-        return self.send(Ping(seq=seq))
-
-    def close(self, code: ErrorCode = ErrorCode.GOING_AWAY, message: str = "") -> bytes:
-        """Move to CLOSED; return an Abort frame to send first (empty if already closed)."""
-        if self.state is State.CLOSED:
-            return b""
-        out = bytes(self._abort_frame(code, message))
-        self.state = State.CLOSED
-        return out
-
-    # -- role hooks ---------------------------------------------------------
-
-    def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
-        raise NotImplementedError
-
-    def _check_send(self, message: Message) -> None:
-        raise NotImplementedError
-
-    def _commit_send(self, message: Message) -> None:
-        raise NotImplementedError
-
-    # -- shared machinery ---------------------------------------------------
-
-    def _frame(self, message: Message) -> bytes | bytearray:
-        if self._sealer is None:
-            # encode_frame, inlined: this runs for every message sent.
-            buf = bytearray(limits.HEADER_SIZE)
-            ENCODER.encode_into(message, buf, limits.HEADER_SIZE)
-            length = len(buf) - limits.HEADER_SIZE
-            if length > self.peer_max_frame:
-                raise LocalProtocolError(
-                    f"frame body of {length} bytes exceeds the peer's cap of {self.peer_max_frame}"
-                )
-            _HEADER.pack_into(buf, 0, length)
-            return buf
-        body = ENCODER.encode(message)
-        length = len(body) + limits.AEAD_TAG_SIZE
-        if length > self.peer_max_frame:
-            raise LocalProtocolError(
-                f"frame body of {length} bytes exceeds the peer's cap of {self.peer_max_frame}"
+    def _receive_handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
+        """Hold a handshake message to its turn, then let the role take its step."""
+        expected = HANDSHAKE_ORDER[self.role][self._handshake_step]
+        if type(message) is not expected:
+            raise UnexpectedMessage(
+                f"expected {expected.__name__} during the handshake, got {type(message).__name__}"
             )
-        header = frame_header(length)
-        return header + self._sealer.seal(header, body)
+        self._handshake_step += 1
+        self._handshake(message, events)
+
+    def _receive_chunk(self, chunk: Chunk, events: list[ConnectionEvent]) -> None:
+        call = self._calls.get(chunk.id)
+        if call is None:
+            return  # the call has finished: the normal race with its answer
+        entry = call.get(chunk.stream)
+        if entry is None:
+            if len(call) >= 2 * limits.MAX_STREAMS_PER_CALL:
+                raise InvalidMessage(f"call {chunk.id} opened too many streams")
+            entry = call[chunk.stream] = _Stream(self.peer_window, self.window)
+        if entry.in_ended:
+            raise FlowControlViolation(f"chunk on stream {chunk.stream!r} after its end")
+        if chunk.seq != entry.in_seq:
+            raise InvalidMessage(
+                f"chunk {chunk.seq} on stream {chunk.stream!r} where {entry.in_seq} was due"
+            )
+        entry.in_seq += 1
+        left = entry.in_left - len(chunk.data)
+        if left < 0:
+            raise FlowControlViolation(f"peer overran its credit on stream {chunk.stream!r}")
+        entry.in_left = left
+        entry.in_ended = chunk.end
+        events.append(chunk)
+
+    def _receive_credit(self, credit: Credit, events: list[ConnectionEvent]) -> None:
+        call = self._calls.get(credit.id)
+        if call is None:
+            return  # the call has finished: the normal race with its answer
+        entry = call.get(credit.stream)
+        if entry is None or entry.out_seq == 0 or entry.out_ended:
+            # Never sent on, or already ended: a late credit crossing our end.
+            return
+        total = entry.out_credit + credit.bytes
+        if total > limits.MAX_STREAM_WINDOW:
+            raise FlowControlViolation("peer granted more credit than any window allows")
+        entry.out_credit = total
+        events.append(credit)
+
+    def _receive_ping(self, message: Ping, events: list[ConnectionEvent]) -> None:
+        self._outbox += self._frame(Pong(seq=message.seq))
+
+    def _receive_abort(self, message: Abort, events: list[ConnectionEvent]) -> None:
+        self._enter(State.CLOSED)
+        events.append(message)
+
+    def _surface(self, message: Message, events: list[ConnectionEvent]) -> None:
+        """A message that changes no books goes to the application as it is."""
+        events.append(message)
+
+    def _handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
+        raise NotImplementedError
+
+    # -- sending ------------------------------------------------------------
+
+    def _frame(self, message: Message) -> Frame:
+        return encode_frame(ENCODER, message, self.peer_max_frame, self._seal)
+
+    def _send_chunk(self, chunk: Chunk) -> Frame:
+        call = self._calls.get(chunk.id)
+        if call is None:
+            raise LocalProtocolError(f"no call {chunk.id} in flight for this chunk")
+        entry = call.get(chunk.stream) or _Stream(self.peer_window, self.window)
+        if entry.out_ended:
+            raise LocalProtocolError(f"stream {chunk.stream!r} of call {chunk.id} has ended")
+        if chunk.seq != entry.out_seq:
+            raise LocalProtocolError(
+                f"chunk {chunk.seq} on stream {chunk.stream!r} where {entry.out_seq} is due"
+            )
+        size = len(chunk.data)
+        if size > entry.out_credit:
+            raise FlowControlBlocked(
+                f"chunk of {size} bytes exceeds the {entry.out_credit} bytes of credit on "
+                f"stream {chunk.stream!r} of call {chunk.id}"
+            )
+        if size > self.max_chunk:
+            raise LocalProtocolError(f"chunk of {size} bytes exceeds max_chunk {self.max_chunk}")
+        frame = self._frame(chunk)
+        call[chunk.stream] = entry
+        entry.out_seq += 1
+        entry.out_credit -= size
+        entry.out_ended = chunk.end
+        return frame
 
     def _emit_handshake(self, message: Message) -> None:
         self._outbox += encode_frame(ENCODER, message, limits.PREAUTH_MAX_FRAME)
 
-    def _abort_frame(self, code: ErrorCode, message: str) -> bytes | bytearray:
+    # -- state --------------------------------------------------------------
+
+    def _enter(self, state: State) -> None:
+        self.state = state
+        self._accepted = ACCEPTS[self.role][state]
+
+    def _abort_frame(self, code: ErrorCode, message: str) -> Frame:
         abort = Abort(code=int(code), message=message[: limits.MAX_ERROR_MESSAGE])
         try:
             return self._frame(abort)
@@ -320,139 +448,57 @@ class Connection:
         # An authentication failure says no more than that: no hint for a prober.
         text = "authentication failed" if isinstance(exc, AuthenticationFailed) else exc.message
         self._outbox += self._abort_frame(exc.code, text)
-        self.state = State.CLOSED
+        self._enter(State.CLOSED)
 
-    def _open(self, negotiated: Negotiated, client_side: bool) -> None:
-        self.state = State.OPEN
+    def _open(self, negotiated: Negotiated, key_out: bytes, key_in: bytes) -> None:
+        self._enter(State.OPEN)
         self._reader.max_frame = self.max_frame
         self.version = negotiated.version
         self.cipher = negotiated.cipher
-        if client_side:
+        if self.role is Role.CLIENT:
             self.peer_max_frame = negotiated.server_max_frame
             self.peer_window = negotiated.server_window
         else:
             self.peer_max_frame = negotiated.client_max_frame
             self.peer_window = negotiated.client_window
-
-    def _install_sealer(self, key: bytes) -> None:
         if self.cipher != limits.CIPHER_NONE:
-            self._sealer = FrameSealer(self.cipher, key)
+            self._seal = FrameSealer(self.cipher, key_out).seal
+            self._opener = FrameOpener(self.cipher, key_in)
 
-    def _install_opener(self, key: bytes) -> None:
-        if self.cipher != limits.CIPHER_NONE:
-            self._opener = FrameOpener(self.cipher, key)
+    def _completed(self, info: dict[str, str | int] | None = None) -> HandshakeComplete:
+        return HandshakeComplete(
+            version=self.version,
+            cipher=self.cipher,
+            peer_max_frame=self.peer_max_frame,
+            peer_window=self.peer_window,
+            info=dict(info or {}),
+        )
 
-    def _check_chunk(self, chunk: Chunk) -> None:
-        key = (chunk.id, chunk.stream)
-        if key in self._send_ended:
-            raise LocalProtocolError(f"stream {chunk.stream!r} of call {chunk.id} has ended")
-        credit = self._send_credit.get(key, self.peer_window)
-        size = len(chunk.data)
-        if size > credit:
-            raise FlowControlBlocked(
-                f"chunk of {size} bytes exceeds the {credit} bytes of credit on {key}"
-            )
-        if size > self.max_chunk:
-            raise LocalProtocolError(f"chunk of {size} bytes exceeds max_chunk {self.max_chunk}")
 
-    def _commit_chunk(self, chunk: Chunk) -> None:
-        key = (chunk.id, chunk.stream)
-        self._streams.setdefault(chunk.id, set()).add(chunk.stream)
-        credit = self._send_credit.get(key, self.peer_window)
-        if chunk.end:
-            self._send_credit.pop(key, None)
-            self._send_ended.add(key)
-        else:
-            self._send_credit[key] = credit - len(chunk.data)
+def _sender_table(role: Role, special: dict[type[Message], Any]) -> dict[type[Message], _Sender]:
+    """What ``role`` may send, each with its sender; the ``special`` ones keep books."""
+    return {kind: special.get(kind, Connection._frame) for kind in SENDS[role]}
 
-    def _note_received_chunk(self, chunk: Chunk) -> None:
-        key = (chunk.id, chunk.stream)
-        if key in self._recv_ended:
-            raise FlowControlViolation(f"chunk on stream {chunk.stream!r} after its end")
-        expected = self._recv_seq.get(key, 0)
-        if chunk.seq != expected:
-            raise InvalidMessage(
-                f"chunk {chunk.seq} on stream {chunk.stream!r} where {expected} was due"
-            )
-        self._recv_seq[key] = expected + 1
-        left = self._recv_left.get(key)
-        if left is None:
-            names = self._streams.setdefault(chunk.id, set())
-            if len(names) >= 2 * limits.MAX_STREAMS_PER_CALL:
-                raise InvalidMessage(f"call {chunk.id} opened too many streams")
-            names.add(chunk.stream)
-            left = self.window
-        left -= len(chunk.data)
-        if left < 0:
-            raise FlowControlViolation(f"peer overran its credit on stream {chunk.stream!r}")
-        if chunk.end:
-            self._recv_left.pop(key, None)
-            self._recv_ended.add(key)
-        else:
-            self._recv_left[key] = left
 
-    def _note_credit(self, credit: Credit) -> None:
-        key = (credit.id, credit.stream)
-        current = self._send_credit.get(key)
-        if current is None:
-            # Never sent on, or already ended: a late credit crossing our end.
-            return
-        total = current + credit.bytes
-        if total > limits.MAX_STREAM_WINDOW:
-            raise FlowControlViolation("peer granted more credit than any window allows")
-        self._send_credit[key] = total
-
-    def _finish_call(self, call_id: int) -> None:
-        for name in self._streams.pop(call_id, ()):
-            key = (call_id, name)
-            self._send_credit.pop(key, None)
-            self._recv_left.pop(key, None)
-            self._send_ended.discard(key)
-            self._recv_ended.discard(key)
-            self._recv_seq.pop(key, None)
-
-    def _handshake_aborted(self, message: Message, events: list[ConnectionEvent]) -> bool:
-        """True when the peer aborted the handshake; raise if ``message`` is out of turn."""
-        if isinstance(message, Abort):
-            self.state = State.CLOSED
-            events.append(message)
-            return True
-        if not isinstance(message, self._expect):
-            raise UnexpectedMessage(
-                f"expected {self._expect.__name__} during the handshake, got "
-                f"{type(message).__name__}"
-            )
-        return False
-
-    def _handle_stream_message(
-        self, message: Chunk | Credit, events: list[ConnectionEvent], live: set[int]
-    ) -> None:
-        """Book a Chunk or Credit of a call in ``live``; drop those of finished calls."""
-        if message.id not in live:
-            return
-        if isinstance(message, Chunk):
-            self._note_received_chunk(message)
-        else:
-            self._note_credit(message)
-        events.append(message)
-
-    def _handle_common(self, message: Message, events: list[ConnectionEvent]) -> bool:
-        """Ping, Pong and Abort behave alike in both roles; True if handled."""
-        if isinstance(message, Ping):
-            self._outbox += self._frame(Pong(seq=message.seq))
-            return True
-        if isinstance(message, Pong):
-            events.append(message)
-            return True
-        if isinstance(message, Abort):
-            self.state = State.CLOSED
-            events.append(message)
-            return True
-        return False
+def _receiver_table(
+    role: Role, special: dict[type[Message], Any]
+) -> dict[type[Message], _Receiver]:
+    """Every message ``role`` accepts in some state, each with what takes it in."""
+    common: dict[type[Message], Any] = {
+        Chunk: Connection._receive_chunk,
+        Credit: Connection._receive_credit,
+        Ping: Connection._receive_ping,
+        Abort: Connection._receive_abort,
+        **dict.fromkeys(HANDSHAKE_ORDER[role], Connection._receive_handshake),
+    }
+    kinds: set[type[Message]] = set().union(*ACCEPTS[role].values())
+    return {kind: special.get(kind) or common.get(kind, Connection._surface) for kind in kinds}
 
 
 class ClientConnection(Connection):
     """The calling side: sends Hello at once, then Calls once the server is proven."""
+
+    role = Role.CLIENT
 
     def __init__(
         self,
@@ -468,10 +514,7 @@ class ClientConnection(Connection):
             raise ValueError(f"ciphers must be chosen from {limits.KNOWN_CIPHERS}")
         self._ciphers = tuple(ciphers)
         self._nonce = nonce if nonce is not None else secrets.token_bytes(limits.NONCE_SIZE)
-        self._pending: set[int] = set()
         self._next_id = 1
-        self._expect: type[Message] = Challenge
-        self._transcript = b""
         self._emit_handshake(
             Hello(
                 versions=list(limits.SUPPORTED_VERSIONS),
@@ -485,66 +528,32 @@ class ClientConnection(Connection):
     @property
     def pending_calls(self) -> int:
         """Calls sent and not yet answered."""
-        return len(self._pending)
+        return len(self._calls)
 
     def next_call_id(self) -> int:
-        """A fresh call id."""
+        """A fresh call id: 1, 2, 3, ... (the one place ids are chosen)."""
         call_id = self._next_id
         self._next_id += 1
         return call_id
 
-    def send(self, message: Message) -> bytes | bytearray:
-        if type(message) is Call and self.state is State.OPEN:
-            # The path of every call: _check_send and _commit_send inlined.
-            if message.id in self._pending:
-                raise LocalProtocolError(f"call id {message.id} is already in flight")
-            frame = self._frame(message)
-            self._pending.add(message.id)
-            return frame
-        return super().send(message)
+    def _send_call(self, message: Call) -> Frame:
+        if message.id in self._calls:
+            raise LocalProtocolError(f"call id {message.id} is already in flight")
+        frame = self._frame(message)
+        self._calls[message.id] = {}
+        return frame
 
-    def _check_send(self, message: Message) -> None:
-        if isinstance(message, Call):
-            if message.id in self._pending:
-                raise LocalProtocolError(f"call id {message.id} is already in flight")
-        elif isinstance(message, Chunk):
-            if message.id not in self._pending:
-                raise LocalProtocolError(f"no call {message.id} in flight for this chunk")
-            self._check_chunk(message)
-        elif isinstance(message, Cancel):
-            if message.id not in self._pending:
-                raise LocalProtocolError(f"no call {message.id} in flight to cancel")
-        elif not isinstance(message, Ping | Pong | Credit | Abort):
-            raise LocalProtocolError(f"a client does not send {type(message).__name__}")
+    def _send_cancel(self, message: Cancel) -> Frame:
+        if message.id not in self._calls:
+            raise LocalProtocolError(f"no call {message.id} in flight to cancel")
+        return self._frame(message)
 
-    def _commit_send(self, message: Message) -> None:
-        if isinstance(message, Call):
-            self._pending.add(message.id)
-        elif isinstance(message, Chunk):
-            self._commit_chunk(message)
-
-    def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if self.state is State.HANDSHAKE:
-            self._handshake(message, events)
-            return
-        if isinstance(message, Reply | Error):
-            call_id = message.id
-            if call_id not in self._pending:
-                raise UnexpectedMessage(f"answer to call {call_id}, which is not in flight")
-            self._pending.discard(call_id)
-            if call_id in self._streams:
-                self._finish_call(call_id)
-            events.append(message)
-        elif isinstance(message, Chunk | Credit):
-            self._handle_stream_message(message, events, self._pending)
-        elif isinstance(message, Event):
-            events.append(message)
-        elif not self._handle_common(message, events):
-            raise UnexpectedMessage(f"a server does not send {type(message).__name__}")
+    def _receive_answer(self, message: Reply | Error, events: list[ConnectionEvent]) -> None:
+        if self._calls.pop(message.id, None) is None:
+            raise UnexpectedMessage(f"answer to call {message.id}, which is not in flight")
+        events.append(message)
 
     def _handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if self._handshake_aborted(message, events):
-            return
         if isinstance(message, Challenge):
             if message.version not in limits.SUPPORTED_VERSIONS:
                 raise VersionMismatch(f"server chose unsupported version {message.version}")
@@ -564,28 +573,25 @@ class ClientConnection(Connection):
             )
             self._transcript = transcript(self._negotiated)
             self._emit_handshake(Auth(mac=client_mac(self._token, self._transcript)))
-            self._expect = Welcome
         elif isinstance(message, Welcome):
             assert self._negotiated is not None
             if not verify_mac(server_mac(self._token, self._transcript), message.mac):
                 raise AuthenticationFailed("the server did not prove knowledge of the token")
             keys = derive_keys(self._token, self._transcript)
-            self._open(self._negotiated, client_side=True)
-            self._install_sealer(keys.client_to_server)
-            self._install_opener(keys.server_to_client)
-            events.append(
-                HandshakeComplete(
-                    version=self.version,
-                    cipher=self.cipher,
-                    peer_max_frame=self.peer_max_frame,
-                    peer_window=self.peer_window,
-                    info=dict(message.info),
-                )
-            )
+            self._open(self._negotiated, keys.client_to_server, keys.server_to_client)
+            events.append(self._completed(message.info))
+
+    _senders = _sender_table(
+        Role.CLIENT,
+        {Call: _send_call, Chunk: Connection._send_chunk, Cancel: _send_cancel},
+    )
+    _receivers = _receiver_table(Role.CLIENT, {Reply: _receive_answer, Error: _receive_answer})
 
 
 class ServerConnection(Connection):
     """The serving side: answers the handshake, then surfaces Calls."""
+
+    role = Role.SERVER
 
     def __init__(
         self,
@@ -599,92 +605,56 @@ class ServerConnection(Connection):
         nonce: bytes | None = None,
     ) -> None:
         super().__init__(token, max_frame=max_frame, window=window)
-        self._accepted = tuple(ciphers)
+        self._accepted_ciphers = tuple(ciphers)
         self._nonce = nonce if nonce is not None else secrets.token_bytes(limits.NONCE_SIZE)
         self._info = dict(info or {})
         probe = Welcome(mac=bytes(limits.MAC_SIZE), info=self._info)
         if len(ENCODER.encode(probe)) > limits.PREAUTH_MAX_FRAME:
             raise ValueError("Welcome info does not fit the pre-authentication frame cap")
         self.max_inflight = max_inflight
-        self._open_calls: set[int] = set()
-        self._expect: type[Message] = Hello
-        self._transcript = b""
 
     @property
     def open_calls(self) -> int:
         """Calls received and not yet answered."""
-        return len(self._open_calls)
+        return len(self._calls)
 
-    def send(self, message: Message) -> bytes | bytearray:
-        if (type(message) is Reply or type(message) is Error) and self.state is State.OPEN:
-            # The path of every answer: _check_send and _commit_send inlined.
-            call_id = message.id
-            if call_id not in self._open_calls:
-                raise LocalProtocolError(f"no call {call_id} open to answer")
-            frame = self._frame(message)
-            self._open_calls.discard(call_id)
-            if call_id in self._streams:
-                self._finish_call(call_id)
-            return frame
-        return super().send(message)
+    def _send_answer(self, message: Reply | Error) -> Frame:
+        if message.id not in self._calls:
+            raise LocalProtocolError(f"no call {message.id} open to answer")
+        frame = self._frame(message)
+        del self._calls[message.id]
+        return frame
 
-    def _check_send(self, message: Message) -> None:
-        if isinstance(message, Reply | Error):
-            if message.id not in self._open_calls:
-                raise LocalProtocolError(f"no call {message.id} open to answer")
-        elif isinstance(message, Chunk):
-            if message.id not in self._open_calls:
-                raise LocalProtocolError(f"no call {message.id} open for this chunk")
-            self._check_chunk(message)
-        elif not isinstance(message, Event | Ping | Pong | Credit | Abort):
-            raise LocalProtocolError(f"a server does not send {type(message).__name__}")
-
-    def _commit_send(self, message: Message) -> None:
-        if isinstance(message, Reply | Error):
-            self._open_calls.discard(message.id)
-            self._finish_call(message.id)
-        elif isinstance(message, Chunk):
-            self._commit_chunk(message)
-
-    def _handle(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if self.state is State.HANDSHAKE:
-            self._handshake(message, events)
-            return
-        if isinstance(message, Call):
-            if message.id in self._open_calls:
-                raise DuplicateCallId(f"call id {message.id} is already in flight")
-            if len(self._open_calls) >= self.max_inflight:
-                self._outbox += self._frame(
-                    Error(
-                        id=message.id,
-                        code=int(ErrorCode.TOO_MANY_CALLS),
-                        message=f"more than {self.max_inflight} calls in flight",
-                    )
+    def _receive_call(self, message: Call, events: list[ConnectionEvent]) -> None:
+        if message.id in self._calls:
+            raise DuplicateCallId(f"call id {message.id} is already in flight")
+        if len(self._calls) >= self.max_inflight:
+            self._outbox += self._frame(
+                Error(
+                    id=message.id,
+                    code=int(ErrorCode.TOO_MANY_CALLS),
+                    message=f"more than {self.max_inflight} calls in flight",
                 )
-                return
-            self._open_calls.add(message.id)
+            )
+            return
+        self._calls[message.id] = {}
+        events.append(message)
+
+    def _receive_cancel(self, message: Cancel, events: list[ConnectionEvent]) -> None:
+        if message.id in self._calls:
             events.append(message)
-        elif isinstance(message, Chunk | Credit):
-            self._handle_stream_message(message, events, self._open_calls)
-        elif isinstance(message, Cancel):
-            if message.id in self._open_calls:
-                events.append(message)
-        elif not self._handle_common(message, events):
-            raise UnexpectedMessage(f"a client does not send {type(message).__name__}")
 
     def _handshake(self, message: Message, events: list[ConnectionEvent]) -> None:
-        if self._handshake_aborted(message, events):
-            return
         if isinstance(message, Hello):
             version = choose_version(message.versions)
             if version is None:
                 raise VersionMismatch(
                     f"no shared protocol version (server speaks {limits.SUPPORTED_VERSIONS})"
                 )
-            cipher = choose_cipher(message.ciphers, self._accepted)
+            cipher = choose_cipher(message.ciphers, self._accepted_ciphers)
             if cipher is None:
                 raise UnsupportedCipher(
-                    f"no acceptable cipher offered (accepted: {self._accepted})"
+                    f"no acceptable cipher offered (accepted: {self._accepted_ciphers})"
                 )
             _check_limits(message.max_frame, message.window)
             self._negotiated = Negotiated(
@@ -708,7 +678,6 @@ class ServerConnection(Connection):
                     window=self.window,
                 )
             )
-            self._expect = Auth
         elif isinstance(message, Auth):
             assert self._negotiated is not None
             if not verify_mac(client_mac(self._token, self._transcript), message.mac):
@@ -717,14 +686,11 @@ class ServerConnection(Connection):
             self._emit_handshake(
                 Welcome(mac=server_mac(self._token, self._transcript), info=self._info)
             )
-            self._open(self._negotiated, client_side=False)
-            self._install_opener(keys.client_to_server)
-            self._install_sealer(keys.server_to_client)
-            events.append(
-                HandshakeComplete(
-                    version=self.version,
-                    cipher=self.cipher,
-                    peer_max_frame=self.peer_max_frame,
-                    peer_window=self.peer_window,
-                )
-            )
+            self._open(self._negotiated, keys.server_to_client, keys.client_to_server)
+            events.append(self._completed())
+
+    _senders = _sender_table(
+        Role.SERVER,
+        {Reply: _send_answer, Error: _send_answer, Chunk: Connection._send_chunk},
+    )
+    _receivers = _receiver_table(Role.SERVER, {Call: _receive_call, Cancel: _receive_cancel})

@@ -120,8 +120,8 @@ class ConnectionLost(SplitexecError):
 
     The one class for this condition at both ends: calls in flight on the
     client fail with it, and execd's handlers get it when they send on a
-    connection that has closed. The glue (:mod:`protocol.bridge`) raises its
-    own ``TransportClosed`` and the roles turn that into this class.
+    connection that has closed. The glue raises it at its one edge
+    (:meth:`protocol.bridge.FramedProtocol.send` and the stream reads).
     """
 
 

@@ -28,13 +28,16 @@ and the next body of the same size is received into it (stream chunks mostly
 have one size), sparing an allocation and its zero-fill per frame.
 
 :func:`encode_frame` writes the header in place in front of the msgpack body
-(``msgspec.Encoder.encode_into`` at offset 4), so the body is never copied.
+(``msgspec.Encoder.encode_into`` at offset 4), so the body is never copied;
+it is also the one place a sealed frame is laid out (header, then ciphertext
+and tag authenticated with that header).
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -197,18 +200,32 @@ def frame_header(length: int) -> bytes:
     return _HEADER.pack(length)
 
 
-def encode_frame(encoder: msgspec.msgpack.Encoder, message: object, max_frame: int) -> bytearray:
+def encode_frame(
+    encoder: msgspec.msgpack.Encoder,
+    message: object,
+    max_frame: int,
+    seal: Callable[[bytes, bytes], bytes] | None = None,
+) -> bytes | bytearray:
     """Encode ``message`` as one frame: header written in place, body not copied.
 
-    Raises LocalProtocolError when the body would exceed ``max_frame`` (the
-    peer's announced cap): the caller must split its data.
+    With ``seal`` (a :meth:`~protocol.aead.FrameSealer.seal`), the body is
+    sealed and the header counts the tag. Raises LocalProtocolError when the
+    body would exceed ``max_frame`` (the peer's announced cap): the caller
+    must split its data.
     """
-    buf = bytearray(limits.HEADER_SIZE)
-    encoder.encode_into(message, buf, limits.HEADER_SIZE)
-    length = len(buf) - limits.HEADER_SIZE
+    if seal is None:
+        buf = bytearray(limits.HEADER_SIZE)
+        encoder.encode_into(message, buf, limits.HEADER_SIZE)
+        length = len(buf) - limits.HEADER_SIZE
+    else:
+        body = encoder.encode(message)
+        length = len(body) + limits.AEAD_TAG_SIZE
     if length > max_frame:
         raise LocalProtocolError(
             f"frame body of {length} bytes exceeds the peer's cap of {max_frame}"
         )
-    _HEADER.pack_into(buf, 0, length)
-    return buf
+    if seal is None:
+        _HEADER.pack_into(buf, 0, length)
+        return buf
+    header = _HEADER.pack(length)
+    return header + seal(header, body)

@@ -110,12 +110,3 @@ def chain_hashes(prev_hash: bytes, first_seq: int, payloads: Iterable[bytes]) ->
         current = entry_hash(current, first_seq + offset, payload)
         hashes.append(current)
     return hashes
-
-
-def chain_head(prev_hash: bytes, first_seq: int, payloads: Iterable[bytes]) -> tuple[int, bytes]:
-    """The head (seq, hash) after appending ``payloads`` to the head (first_seq - 1, prev_hash)."""
-    seq, current = first_seq - 1, prev_hash
-    for payload in payloads:
-        seq += 1
-        current = entry_hash(current, seq, payload)
-    return seq, current

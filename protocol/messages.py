@@ -7,7 +7,7 @@ protocol error (see :mod:`protocol.codec`).
 
 ``params``, ``result`` and ``data`` payloads are carried as ``msgspec.Raw``:
 already-encoded msgpack that the application decodes into the Struct of the
-method in question (see :mod:`protocol.api`).
+method in question (see :mod:`protocol.rpc`).
 """
 
 from __future__ import annotations

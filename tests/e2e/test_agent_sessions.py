@@ -28,14 +28,10 @@ from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import (
-    AssistantTurn,
-    ChatMessage,
-    OpenAIChatModel,
-    ScriptedModel,
-    ToolSpec,
-)
+from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
+from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import TOOL_SPECS, ToolConfig
 from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop

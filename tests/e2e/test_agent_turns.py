@@ -22,8 +22,8 @@ from execd.marker import find_marked
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.launcher import serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import ScriptedModel
 from harnessd.runtime import LocalRuntime
+from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import ToolConfig
 from harnessd.trace import Trace
 

@@ -11,7 +11,6 @@ import pytest
 
 from bench.agents import wait_for_no_process
 from harnessd.errors import LaunchFailed
-from harnessd.models import PacedModel, ScriptedModel
 from harnessd.rollouts import (
     LocalWorkspace,
     OpenAIModelSpec,
@@ -21,6 +20,7 @@ from harnessd.rollouts import (
     Workspace,
     run_rollout,
 )
+from harnessd.scripted_model import PacedModel, ScriptedModel
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -606,8 +606,8 @@ def _scan_environs(uid: int, secret: str) -> dict[str, list[int]]:
 async def _harness_side(cfg: HarnessConfig) -> dict[str, Any]:
     from harnessd.agent import AgentLimits, AgentSession
     from harnessd.launcher import serve
-    from harnessd.models import ScriptedModel
     from harnessd.runtime import CommandPrefixRuntime
+    from harnessd.scripted_model import ScriptedModel
     from harnessd.tools import ToolConfig
 
     secret = os.environ[SECRET_VAR]

@@ -41,9 +41,6 @@ from execd.marker import cleanup, find_marked
 from harnessd import errors
 from harnessd.api import ExecdClient
 from protocol import limits
-from protocol.api import files as files_api
-from protocol.api import ledger as ledger_api
-from protocol.api import shell as shell_api
 from protocol.codec import decode_message, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError
@@ -57,6 +54,10 @@ from protocol.messages import (
     Message,
     Reply,
 )
+from protocol.rpc import Rpc
+from protocol.rpc import files as files_rpc
+from protocol.rpc import ledger as ledger_rpc
+from protocol.rpc import shell as shell_rpc
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
 from tests.support.procs import cmdline, descriptors
@@ -238,10 +239,10 @@ class RawPeer:
                     raise AssertionError(f"handshake refused: {event}")
         raise AssertionError("execd closed the connection during the handshake")
 
-    def start(self, method: str, params: Any = None) -> int:
+    def start(self, method: Rpc[Any, Any] | str, params: Any = None) -> int:
         call_id = self.conn.next_call_id()
         raw = to_raw(params) if params is not None else msgspec.Raw(b"\x80")
-        self.send_message(Call(id=call_id, method=method, params=raw))
+        self.send_message(Call(id=call_id, method=str(method), params=raw))
         return call_id
 
     def wait_answer(self, call_id: int) -> Reply | Error:
@@ -659,14 +660,14 @@ async def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) ->
         ("shell.run", {"argv": []}),
         ("shell.run", {"argv": ["true"], "timeout": -1}),
         ("shell.run", {"argv": ["true"], "timeout": "soon"}),
-        ("shell.run", {"argv": ["x" * (shell_api.MAX_ARG + 1)]}),
+        ("shell.run", {"argv": ["x" * (shell_rpc.MAX_ARG + 1)]}),
         ("shell.run", 5),
         ("shell.run", ["argv"]),
         ("shell.signal", {"signal": 99, "call_id": 1}),
         ("files.read", {"path": 123}),
         ("files.read", {"path": "x", "offset": -5}),
         ("files.write", {"path": "x", "data": "text, not bytes"}),
-        ("files.write", {"path": "x" * (files_api.MAX_PATH + 1), "data": b""}),
+        ("files.write", {"path": "x" * (files_rpc.MAX_PATH + 1), "data": b""}),
         ("ledger.append", {"session": "../etc", "first_seq": 1, "prev_hash": b"", "entries": []}),
         ("ledger.head", {"session": ""}),
         ("server.echo", {"data": 5}),
@@ -753,8 +754,8 @@ async def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
 async def test_client_that_stops_reading_a_flood(daemon: RunningExecd) -> None:
     def start_flood(streaming: bool) -> RawPeer:
         peer = authenticated(daemon, rcvbuf=16 * 1024)
-        params = shell_api.RunParams(argv=["yes", "flood"], stream=streaming)
-        peer.start(shell_api.RUN, params)
+        params = shell_rpc.RunParams(argv=["yes", "flood"], stream=streaming)
+        peer.start(shell_rpc.RUN, params)
         return peer
 
     async def main() -> tuple[int, int]:
@@ -797,42 +798,42 @@ async def test_abrupt_disconnects_mid_stream(daemon: RunningExecd, tmp_path: Pat
     session = f"adv-{secrets.token_hex(4)}"
 
     def streaming_output(peer: RawPeer, index: int) -> None:
-        call = peer.start(shell_api.RUN, shell_api.RunParams(argv=["yes", "rst"], stream=True))
-        assert peer.read_stream(call, shell_api.STDOUT_STREAM, 256 * 1024) >= 256 * 1024
+        call = peer.start(shell_rpc.RUN, shell_rpc.RunParams(argv=["yes", "rst"], stream=True))
+        assert peer.read_stream(call, shell_rpc.STDOUT_STREAM, 256 * 1024) >= 256 * 1024
 
     def upload(peer: RawPeer, index: int) -> None:
-        params = files_api.WriteParams(
+        params = files_rpc.WriteParams(
             path=str(target_dir / f"up-{index}.bin"), stream=True, expected_size=8 * MIB
         )
-        call = peer.start(files_api.WRITE, params)
+        call = peer.start(files_rpc.WRITE, params)
         for seq in range(4):
             peer.send_message(
-                Chunk(id=call, stream=files_api.DATA_STREAM, seq=seq, data=b"u" * (256 * 1024))
+                Chunk(id=call, stream=files_rpc.DATA_STREAM, seq=seq, data=b"u" * (256 * 1024))
             )
 
     def download(peer: RawPeer, index: int) -> None:
-        call = peer.start(files_api.READ, files_api.ReadParams(path=str(big), stream=True))
-        assert peer.read_stream(call, files_api.DATA_STREAM, MIB) >= MIB
+        call = peer.start(files_rpc.READ, files_rpc.ReadParams(path=str(big), stream=True))
+        assert peer.read_stream(call, files_rpc.DATA_STREAM, MIB) >= MIB
 
     def large_entry(peer: RawPeer, index: int) -> None:
-        call_id = peer.start(ledger_api.HEAD, ledger_api.HeadParams(session=session))
+        call_id = peer.start(ledger_rpc.HEAD, ledger_rpc.HeadParams(session=session))
         head = peer.wait_answer(call_id)
         assert isinstance(head, Reply)
-        current = msgspec.msgpack.decode(head.result, type=ledger_api.LedgerHead)
-        params = ledger_api.AppendLargeParams(
+        current = msgspec.msgpack.decode(head.result, type=ledger_rpc.LedgerHead)
+        params = ledger_rpc.AppendLargeParams(
             session=session,
             seq=current.seq + 1,
             prev_hash=current.hash,
             size=4 * MIB,
             sha256=bytes(32),
         )
-        call = peer.start(ledger_api.APPEND_LARGE, params)
-        peer.send_message(Chunk(id=call, stream=ledger_api.DATA_STREAM, seq=0, data=b"L" * MIB))
+        call = peer.start(ledger_rpc.APPEND_LARGE, params)
+        peer.send_message(Chunk(id=call, stream=ledger_rpc.DATA_STREAM, seq=0, data=b"L" * MIB))
 
     def stdin_feed(peer: RawPeer, index: int) -> None:
-        params = shell_api.RunParams(argv=["cat"], stdin_stream=True)
-        call = peer.start(shell_api.RUN, params)
-        peer.send_message(Chunk(id=call, stream=shell_api.STDIN_STREAM, seq=0, data=b"in" * 1000))
+        params = shell_rpc.RunParams(argv=["cat"], stdin_stream=True)
+        call = peer.start(shell_rpc.RUN, params)
+        peer.send_message(Chunk(id=call, stream=shell_rpc.STDIN_STREAM, seq=0, data=b"in" * 1000))
 
     def attack() -> int:
         tried = 0
@@ -1004,7 +1005,7 @@ async def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
             tried += 1
             sleepers = [
-                client.start(shell_api.RUN, {"argv": ["sleep", "60"]}) for _ in range(limit - 1)
+                client.start(shell_rpc.RUN, {"argv": ["sleep", "60"]}) for _ in range(limit - 1)
             ]
             deadline = time.monotonic() + 20
             while len(marked_matching(running.marker, "sleep 60")) < limit - 1:
@@ -1031,11 +1032,11 @@ async def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
             assert len(marked_matching(running.marker, "sleep 301")) == 10
             # ... until the session's marker cleanup, which takes them all.
-            closed = await client.close_session(shutdown=False, timeout=20)
+            closed = await client.cleanup(timeout=20)
             assert closed.remaining == [], closed
             assert closed.killed >= 10, closed
             for handle in sleepers:
-                ended = await handle.result(shell_api.RunResult)
+                ended = await handle.result(shell_rpc.RunResult)
                 assert ended.signal is not None, ended
             await no_marked(running.marker)
             await client.noop()

@@ -835,7 +835,7 @@ def test_units_stuck_on_a_frozen_filesystem(ending: str, tmp_path: Path) -> None
                 assert caught.value.code == ErrorCode.CANCELLED
             assert blocked_threads(running.pid) >= 4
             if ending == "shutdown":
-                closed = await other.close_session(shutdown=True)
+                closed = await other.shutdown()
                 assert closed.remaining == []
             else:
                 running.proc.send_signal(signal.SIGTERM)

@@ -20,7 +20,13 @@ from execd.marker import find_marked
 from harnessd import launcher
 from harnessd.errors import ConnectionLost, LaunchFailed, ProtocolViolation
 from harnessd.launcher import Session, serve
-from harnessd.runtime import CommandPrefixRuntime, LocalRuntime, Runtime, WorkspaceError
+from harnessd.runtime import (
+    CommandPrefixRuntime,
+    LocalRuntime,
+    Runtime,
+    WorkspaceError,
+    remove_workdir,
+)
 from tests.conftest import eventually, one_loop
 from tests.support.procs import alive, cmdline
 
@@ -241,11 +247,11 @@ async def test_remove_workdir_refuses_dangerous_paths(tmp_path: Path) -> None:
     runtime = LocalRuntime()
     for bad in ("/", "relative/dir", "/tmp/../", "//"):
         with pytest.raises(ValueError):
-            await launcher.remove_workdir(runtime, bad)
+            await remove_workdir(runtime, bad)
     victim = tmp_path / "w"
     (victim / "deep").mkdir(parents=True)
     (victim / "deep" / "f").write_text("x")
-    await launcher.remove_workdir(runtime, str(victim))
+    await remove_workdir(runtime, str(victim))
     assert not victim.exists()
 
 

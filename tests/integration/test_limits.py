@@ -21,7 +21,7 @@ import harnessd
 from bench.limits_noop import ALLOCATE, FORK
 from harnessd.api import ExecdClient
 from harnessd.errors import InvalidParams, NotSupported
-from protocol.api.resources import Limits
+from protocol.rpc.resources import Limits
 from tests.conftest import eventually, one_loop
 
 pytestmark = [pytest.mark.anyio, one_loop]
@@ -72,7 +72,7 @@ async def test_processes_limit_bounds_forks_and_leaves_nothing(client: ExecdClie
     assert 0 < started < 64
     if mechanism == "cgroup-v1":
         assert result.limit_exceeded == "processes"
-    await client.close_session(shutdown=False)
+    await client.cleanup()
     marker = (await client.server_info()).marker
     assert not _marked_processes(marker)
 

@@ -21,7 +21,7 @@ GOOD = """
 import asyncio
 
 import harnessd
-from protocol.api.shell import RunResult
+from protocol.rpc.shell import RunResult
 
 
 async def main() -> int:

@@ -173,7 +173,7 @@ async def test_many_calls_in_flight_on_one_connection(client: ExecdClient) -> No
 async def test_session_close_shuts_execd_down(execd: RunningExecd) -> None:
     client = await harnessd.connect(execd.host, execd.port, execd.token)
     await client.run(["sh", "-c", "sleep 300 & echo started"])
-    report = await client.close_session()
+    report = await client.shutdown()
     assert report.remaining == []
     await client.close()
     assert await asyncio.to_thread(execd.proc.wait, 15) == 0

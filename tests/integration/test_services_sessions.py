@@ -13,8 +13,8 @@ import pytest
 
 from execd.marker import find_marked
 from harnessd import ExecdClient, errors
-from protocol.api.services import CommandProbe, RestartPolicy, TcpProbe
 from protocol.errors import ErrorCode
+from protocol.rpc.services import CommandProbe, RestartPolicy, TcpProbe
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd
 from tests.support.procs import children
@@ -134,7 +134,7 @@ async def test_session_close_kills_services_and_shells(
     await client.open_session("sh")
     await client.session_run("sh", "sleep 300 & setsid sleep 300 &")
     await eventually(lambda: len(find_marked("EXECD_MARKER", execd.marker)) >= 6)
-    report = await client.close_session(shutdown=False)
+    report = await client.cleanup()
     assert report.remaining == []
     assert find_marked("EXECD_MARKER", execd.marker) == []
     assert (await client.list_services()).services == []

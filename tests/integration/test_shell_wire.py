@@ -72,8 +72,9 @@ async def test_dropped_connection_kills_its_commands_but_not_detached_ones(
     assert detached.command_id in [c.command_id for c in listed.commands]
     replay = client.attach(detached.command_id)
     out = b"".join([data async for _, data in replay.output()])
-    await replay.handle.result()
+    attached = await replay.result()
     assert out == b"begin\nend\n"
+    assert attached.info.command_id == detached.command_id and attached.info.exit_code == 0
 
 
 async def test_close_session_kills_double_forked_setsid_and_nohup(
@@ -93,7 +94,7 @@ async def test_close_session_kills_double_forked_setsid_and_nohup(
         ]
     )
     assert len(find_marked("EXECD_MARKER", execd.marker)) >= 3
-    report = await client.close_session()
+    report = await client.shutdown()
     assert report.remaining == []
     assert find_marked("EXECD_MARKER", execd.marker) == []
 

@@ -179,6 +179,6 @@ async def test_terminals_die_with_the_session(client: ExecdClient, tmp_path: obj
     term = await client.open_terminal(command=f"sleep 300 & echo $! > {pidfile}; exec sleep 301")
     background = int(await eventually(lambda: _read(pidfile), what="pid file"))
     leader = term.info.pid
-    await client.close_session(shutdown=False)
+    await client.cleanup()
     await eventually(lambda: not _alive(leader), what="terminal's program gone")
     await eventually(lambda: not _alive(background), what="its background job gone")

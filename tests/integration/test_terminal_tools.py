@@ -10,7 +10,7 @@ from harnessd.api import ExecdClient
 from harnessd.models import ToolCall
 from harnessd.tools import Toolbox, ToolConfig
 from harnessd.tools_terminal import screen_text
-from protocol.api.resources import Limits
+from protocol.rpc.resources import Limits
 from tests.conftest import one_loop
 
 pytestmark = [pytest.mark.anyio, one_loop]

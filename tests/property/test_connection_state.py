@@ -54,6 +54,7 @@ from protocol.messages import (
     Credit,
     Error,
     Event,
+    Ping,
     Pong,
     Reply,
 )
@@ -477,9 +478,9 @@ class ConnectionPair(RuleBasedStateMachine):
     def ping(self, side: str, seq: int) -> None:
         self.pings[side].append(seq)
         if side == "client":
-            self.c2s += self.c.ping(seq)
+            self.c2s += self.c.send(Ping(seq=seq))
         else:
-            self.s2c += self.s.ping(seq)
+            self.s2c += self.s.send(Ping(seq=seq))
 
     # -- invariants ------------------------------------------------------------------------
 

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from protocol.api.ledger import RecordDecoder, encode_record
 from protocol.ledger_chain import (
     GENESIS_HASH,
     MAX_SEQ,
     EntryHasher,
     chain_hashes,
-    chain_head,
     entry_hash,
 )
+from protocol.rpc.ledger import RecordDecoder
+from tests.support.ledger import chain_head, encode_record
 
 hashes = st.binary(min_size=32, max_size=32)
 seqs = st.integers(min_value=1, max_value=MAX_SEQ)

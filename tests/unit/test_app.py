@@ -3,19 +3,42 @@
 from __future__ import annotations
 
 import itertools
+import typing
 
 import pytest
 
 from execd.app import Execd
 from execd.config import Config
+from execd.context import Method
+from protocol.rpc import all_rpcs
 
 
 @pytest.fixture(scope="module")
-def methods(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Every RPC method execd serves, with the name of its handler."""
+def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Method]:
+    """execd's dispatch table."""
     config = Config(marker="m", state_dir=str(tmp_path_factory.mktemp("state")))
-    app = Execd(config, b"t" * 32)
-    return {name: method.handler.__name__ for name, method in app.methods.items()}
+    return Execd(config, b"t" * 32).methods
+
+
+@pytest.fixture(scope="module")
+def methods(table: dict[str, Method]) -> dict[str, str]:
+    """Every RPC method execd serves, with the name of its handler."""
+    return {name: method.handler.__name__ for name, method in table.items()}
+
+
+def test_each_handler_is_annotated_with_its_declared_types(table: dict[str, Method]) -> None:
+    """What mypy would check of a typed binding: params and result as declared."""
+    for name, method in table.items():
+        hints = typing.get_type_hints(method.handler)
+        assert hints["params"] is method.rpc.params, name
+        assert hints["return"] == method.rpc.result, name
+
+
+def test_execd_serves_exactly_the_declared_rpcs(table: dict[str, Method]) -> None:
+    """Each entry is bound from its declaration in protocol/rpc, and none is missing."""
+    assert {name: method.rpc for name, method in table.items()} == {
+        rpc.name: rpc for rpc in all_rpcs()
+    }
 
 
 NAMESPACES = [

@@ -11,7 +11,7 @@ import pytest
 from execd.cgroups import Cgroups
 from execd.errors import InvalidParams
 from execd.limits import ResourceControl
-from protocol.api.resources import Limits
+from protocol.rpc.resources import Limits
 from tests.conftest import eventually_blocking
 
 

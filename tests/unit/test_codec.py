@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import limits
-from protocol.api.core import EchoParams
 from protocol.codec import (
     WALK_BUDGET,
     NestingTooDeep,
@@ -26,6 +25,7 @@ from protocol.connection import ClientConnection, ServerConnection
 from protocol.errors import ErrorCode, InvalidMessage, ProtocolError
 from protocol.framing import frame_header
 from protocol.messages import Abort, Call, Hello
+from protocol.rpc.core import EchoParams
 
 TOKEN = b"\x42" * 32
 DEPTHS = (2000, 5000, 60000)

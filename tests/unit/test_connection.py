@@ -38,6 +38,7 @@ from protocol.messages import (
     Event,
     Hello,
     Message,
+    Ping,
     Pong,
     Reply,
 )
@@ -234,7 +235,7 @@ def test_sending_during_the_handshake_is_a_local_error() -> None:
     with pytest.raises(LocalProtocolError):
         client.send(Call(id=1, method="m"))
     with pytest.raises(LocalProtocolError):
-        client.ping(1)
+        client.send(Ping(seq=1))
     with pytest.raises(LocalProtocolError):
         server.send(Event(topic=1, name="e"))
     assert client.state is State.HANDSHAKE and server.state is State.HANDSHAKE
@@ -448,9 +449,9 @@ def test_streams_in_both_directions_are_independent() -> None:
 @pytest.mark.parametrize("cipher", [limits.CIPHER_NONE, limits.CIPHER_AESGCM])
 def test_ping_is_answered_automatically(cipher: str) -> None:
     client, server = open_pair(cipher)
-    assert server.receive_data(client.ping(41)) == []
+    assert server.receive_data(client.send(Ping(seq=41))) == []
     assert client.receive_data(server.data_to_send()) == [Pong(seq=41)]
-    assert client.receive_data(server.ping(42)) == []
+    assert client.receive_data(server.send(Ping(seq=42))) == []
     assert server.receive_data(client.data_to_send()) == [Pong(seq=42)]
 
 

@@ -20,7 +20,7 @@ HEAVY = ("httpx", "httpcore", "h11", "certifi", "idna")
     [
         "import execd.__main__, execd.app, execd.server",
         "import harnessd",
-        "import harnessd.agent, harnessd.models, harnessd.tools, harnessd.demo",
+        "import harnessd.agent, harnessd.models, harnessd.openai_model, harnessd.tools, harnessd.demo",
         "import harnessd.__main__",
     ],
 )
@@ -36,7 +36,8 @@ def test_the_http_stack_is_not_imported(statement: str) -> None:
 def test_the_first_request_imports_it() -> None:
     code = (
         "import asyncio, sys\n"
-        "from harnessd.models import OpenAIChatModel, ModelTransportError\n"
+        "from harnessd.models import ModelTransportError\n"
+        "from harnessd.openai_model import OpenAIChatModel\n"
         "m = OpenAIChatModel('m', 'http://127.0.0.1:9/v1', None, max_retries=0, timeout=5)\n"
         "try:\n"
         "    asyncio.run(m.complete([], []))\n"

@@ -20,7 +20,8 @@ from execd.config import Config
 from execd.errors import EntryTooLarge, InvalidParams, LedgerConflict, ShuttingDown
 from execd.ledger import LedgerCapability, LedgerStore
 from execd.ledger_store import MAGIC
-from protocol.api.ledger import (
+from protocol.ledger_chain import GENESIS_HASH, chain_hashes, entry_hash
+from protocol.rpc.ledger import (
     AppendLargeParams,
     AppendParams,
     HeadParams,
@@ -30,7 +31,7 @@ from protocol.api.ledger import (
     ReadParams,
     RecordDecoder,
 )
-from protocol.ledger_chain import GENESIS_HASH, chain_hashes, chain_head, entry_hash
+from tests.support.ledger import chain_head
 from tests.support.local_ctx import LocalContext
 
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from harnessd.ledger_sync import (
     LocalLedger,
     decode_entry,
 )
-from protocol.api import ledger as api
 from protocol.connection import HandshakeComplete
+from protocol.rpc import ledger as rpc
 from tests.conftest import one_loop
 from tests.support.daemon import RunningExecd
 
@@ -50,7 +50,7 @@ class Recorder:
     def info(self) -> HandshakeComplete:
         return self.client.info
 
-    async def ledger_head(self, session: str) -> api.LedgerHead:
+    async def ledger_head(self, session: str) -> rpc.LedgerHead:
         self.heads += 1
         return await self.client.ledger_head(session)
 
@@ -61,8 +61,8 @@ class Recorder:
         prev_hash: bytes,
         entries: list[bytes],
         hashes: list[bytes] | None = None,
-    ) -> api.LedgerHead:
-        params = api.AppendParams(
+    ) -> rpc.LedgerHead:
+        params = rpc.AppendParams(
             session=session,
             first_seq=first_seq,
             prev_hash=prev_hash,
@@ -77,7 +77,7 @@ class Recorder:
 
     async def ledger_append_large(
         self, session: str, seq: int, prev_hash: bytes, payload: bytes
-    ) -> api.LedgerHead:
+    ) -> rpc.LedgerHead:
         self.large.append((seq, len(payload)))
         return await self.client.ledger_append_large(session, seq, prev_hash, payload)
 
@@ -88,7 +88,7 @@ class Recorder:
         *,
         limit: int | None = None,
         prev_hash: bytes | None = None,
-    ) -> list[api.LedgerRecord]:
+    ) -> list[rpc.LedgerRecord]:
         return await self.client.ledger_read(session, from_seq, limit=limit, prev_hash=prev_hash)
 
 

@@ -20,19 +20,17 @@ from typing import Any
 
 import pytest
 
-from harnessd import models
+from harnessd import openai_model
 from harnessd.models import (
     CallInfo,
     ChatMessage,
     ModelHTTPError,
     ModelReplyError,
     ModelTransportError,
-    OpenAIChatModel,
     ToolSpec,
     calling,
-    completions_url,
-    retry_after,
 )
+from harnessd.openai_model import OpenAIChatModel, completions_url, retry_after
 from tests.support.model_endpoint import (
     Answer,
     ForwardProxy,
@@ -158,7 +156,7 @@ def test_a_hanging_endpoint_times_out_each_attempt_and_reports_it(
 def test_a_reply_over_the_cap_is_refused(
     endpoint: ModelEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(models, "MAX_REPLY_BYTES", 100)
+    monkeypatch.setattr(openai_model, "MAX_REPLY_BYTES", 100)
     endpoint.answers.append(Answer(200, completion("x" * 200), chunked=True))
     with pytest.raises(ModelReplyError, match="cap"):
         asyncio.run(complete_all(model_for(endpoint.base_url), 1))

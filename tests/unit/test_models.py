@@ -21,13 +21,12 @@ from harnessd.models import (
     ModelHTTPError,
     ModelReplyError,
     ModelTransportError,
-    OpenAIChatModel,
-    PacedModel,
-    ScriptedModel,
     ScriptExhausted,
     ToolCall,
     ToolSpec,
 )
+from harnessd.openai_model import OpenAIChatModel
+from harnessd.scripted_model import PacedModel, ScriptedModel
 from tests.support.model_endpoint import Answer, ModelEndpoint, completion
 
 pytestmark = pytest.mark.timeout(60)

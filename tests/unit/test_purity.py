@@ -47,7 +47,7 @@ def imported_roots(source: str, filename: str = "<source>") -> set[str]:
 
 
 def protocol_modules() -> list[Path]:
-    """Every module of protocol/ and protocol/api/ that must stay free of I/O."""
+    """Every module of protocol/ and protocol/rpc/ that must stay free of I/O."""
     files = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / "api").glob("*.py"))
     pure = [f for f in files if not (f.parent == PACKAGE and f.name in ALLOWED_TO_DO_IO)]
     assert len(pure) > 5, f"protocol sources not found under {PACKAGE}"

@@ -14,7 +14,7 @@ import pytest
 
 from execd import errors
 from execd.services import SERVICE_MARKER_VAR, ServicesCapability
-from protocol.api import services as api
+from protocol.rpc import services as rpc
 from tests.conftest import eventually
 from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
@@ -33,16 +33,16 @@ def free_port() -> int:
     return port
 
 
-def start(name: str, command: str, **kw: Any) -> api.StartParams:
-    return api.StartParams(name=name, command=command, **kw)
+def start(name: str, command: str, **kw: Any) -> rpc.StartParams:
+    return rpc.StartParams(name=name, command=command, **kw)
 
 
-async def status(cap: ServicesCapability, name: str) -> api.ServiceInfo:
-    return await cap.services_status(api.StatusParams(name=name), LocalContext())
+async def status(cap: ServicesCapability, name: str) -> rpc.ServiceInfo:
+    return await cap.services_status(rpc.StatusParams(name=name), LocalContext())
 
 
-async def logs(cap: ServicesCapability, name: str, **kw: Any) -> api.LogsResult:
-    return await cap.services_logs(api.LogsParams(name=name, **kw), LocalContext())
+async def logs(cap: ServicesCapability, name: str, **kw: Any) -> rpc.LogsResult:
+    return await cap.services_logs(rpc.LogsParams(name=name, **kw), LocalContext())
 
 
 # -- start and readiness ---------------------------------------------------------------
@@ -54,8 +54,8 @@ async def test_web_server_ready_on_its_port_and_reachable(
     (tmp_path / "index.txt").write_text("served by the service\n")
     port = free_port()
     argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
-    params = api.StartParams(
-        name="web", argv=argv, cwd=str(tmp_path), probe=api.TcpProbe(port=port, timeout=20)
+    params = rpc.StartParams(
+        name="web", argv=argv, cwd=str(tmp_path), probe=rpc.TcpProbe(port=port, timeout=20)
     )
     info = await cap.services_start(params, LocalContext())
     assert info.state == "running" and info.ready and info.pid is not None
@@ -64,9 +64,9 @@ async def test_web_server_ready_on_its_port_and_reachable(
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
     assert body == b"served by the service\n"
     await eventually(lambda: b"GET /index.txt" in Path(info.log_path).read_bytes())
-    listing = await cap.services_list(api.ListParams(), LocalContext())
+    listing = await cap.services_list(rpc.ListParams(), LocalContext())
     assert [s.name for s in listing.services] == ["web"]
-    final = await cap.services_stop(api.StopParams(name="web"), LocalContext())
+    final = await cap.services_stop(rpc.StopParams(name="web"), LocalContext())
     assert final.state == "stopped" and final.signal == 15 and not alive(info.pid)
 
 
@@ -74,7 +74,7 @@ async def test_service_that_crashes_at_start_fails_with_log_tail_and_status(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
     command = "echo starting up; echo 'fatal: no config' >&2; exit 3"
-    params = start("crash", command, probe=api.TcpProbe(port=free_port(), timeout=20))
+    params = start("crash", command, probe=rpc.TcpProbe(port=free_port(), timeout=20))
     began = time.monotonic()
     with pytest.raises(errors.ServiceFailed) as caught:
         await cap.services_start(params, LocalContext())
@@ -92,7 +92,7 @@ async def test_service_that_crashes_at_start_fails_with_log_tail_and_status(
 async def test_killed_by_signal_before_ready_reports_the_signal(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
-    params = start("sig", "kill -9 $$", probe=api.LogProbe(pattern="never", timeout=20))
+    params = start("sig", "kill -9 $$", probe=rpc.LogProbe(pattern="never", timeout=20))
     with pytest.raises(errors.ServiceFailed) as caught:
         await cap.services_start(params, LocalContext())
     assert caught.value.data["signal"] == 9 and caught.value.data["exit_code"] is None
@@ -102,18 +102,18 @@ async def test_log_probe_sees_lines_written_before_it_and_ignores_older_runs(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
     command = "echo booting; echo 'listening on 8080'; exec sleep 30"
-    probe = api.LogProbe(pattern=r"listening on \d+$", timeout=20)
+    probe = rpc.LogProbe(pattern=r"listening on \d+$", timeout=20)
     info = await cap.services_start(start("logged", command, probe=probe), LocalContext())
     assert info.ready
-    await cap.services_stop(api.StopParams(name="logged"), LocalContext())
+    await cap.services_stop(rpc.StopParams(name="logged"), LocalContext())
     # The log still holds "listening on 8080" from the first run: it must not count.
     quiet = start("logged", "echo still booting; exec sleep 30", probe=probe)
-    quiet.probe = api.LogProbe(pattern=r"listening on \d+$", timeout=0.7)
+    quiet.probe = rpc.LogProbe(pattern=r"listening on \d+$", timeout=0.7)
     with pytest.raises(errors.NotReady):
         await cap.services_start(quiet, LocalContext())
     # An unterminated last line matches too.
     partial = start("partial", "printf 'ready> '; exec sleep 30")
-    partial.probe = api.LogProbe(pattern="ready>", timeout=20)
+    partial.probe = rpc.LogProbe(pattern="ready>", timeout=20)
     assert (await cap.services_start(partial, LocalContext())).ready
 
 
@@ -122,7 +122,7 @@ async def test_command_probe_retries_until_it_succeeds(
 ) -> None:
     flag = tmp_path / "flag"
     command = f"sleep 0.4; touch {flag}; exec sleep 30"
-    probe = api.CommandProbe(argv=["test", "-e", str(flag)], interval=0.05, timeout=20)
+    probe = rpc.CommandProbe(argv=["test", "-e", str(flag)], interval=0.05, timeout=20)
     began = time.monotonic()
     info = await cap.services_start(start("cmd", command, probe=probe), LocalContext())
     assert info.ready and flag.exists()
@@ -134,7 +134,7 @@ async def test_probe_timeout_reports_not_ready_and_stops_the_service(
 ) -> None:
     pidfile = tmp_path / "pid"
     command = f"echo $$ > {pidfile}; echo waiting for nothing; exec sleep 300"
-    probe = api.CommandProbe(command="exit 1", interval=0.05, timeout=0.6)
+    probe = rpc.CommandProbe(command="exit 1", interval=0.05, timeout=0.6)
     with pytest.raises(errors.NotReady) as caught:
         await cap.services_start(start("never", command, probe=probe), LocalContext())
     assert "waiting for nothing" in caught.value.data["log_tail"]
@@ -197,15 +197,15 @@ async def test_follow_streams_live_lines_until_the_service_ends(
     await cap.services_start(start("ticker", command), LocalContext())
     ctx = LocalContext()
     follow = asyncio.ensure_future(
-        cap.services_logs(api.LogsParams(name="ticker", offset=0, follow=True), ctx)
+        cap.services_logs(rpc.LogsParams(name="ticker", offset=0, follow=True), ctx)
     )
-    await eventually(lambda: ctx.received(api.LOG_STREAM) == b"first\n")
+    await eventually(lambda: ctx.received(rpc.LOG_STREAM) == b"first\n")
     assert not follow.done()
     go.touch()
     result = await asyncio.wait_for(follow, 20)
     expected = b"first\n" + b"".join(b"tick %d\n" % i for i in range(1, 6))
-    assert ctx.received(api.LOG_STREAM) == expected
-    assert api.LOG_STREAM in ctx.ended
+    assert ctx.received(rpc.LOG_STREAM) == expected
+    assert rpc.LOG_STREAM in ctx.ended
     assert (result.start, result.end, result.size) == (0, len(expected), len(expected))
 
 
@@ -216,14 +216,14 @@ async def test_follow_from_the_end_until_cancelled(cap: ServicesCapability, tmp_
     await eventually(lambda: Path(info.log_path).stat().st_size > 0)
     ctx = LocalContext()
     follow = asyncio.ensure_future(
-        cap.services_logs(api.LogsParams(name="chatty", follow=True), ctx)
+        cap.services_logs(rpc.LogsParams(name="chatty", follow=True), ctx)
     )
-    await eventually(lambda: ctx.received(api.LOG_STREAM).count(b"new\n") >= 3)
-    assert b"old" not in ctx.received(api.LOG_STREAM)
+    await eventually(lambda: ctx.received(rpc.LOG_STREAM).count(b"new\n") >= 3)
+    assert b"old" not in ctx.received(rpc.LOG_STREAM)
     follow.cancel()
     with pytest.raises(asyncio.CancelledError):
         await follow
-    assert api.LOG_STREAM not in ctx.ended
+    assert rpc.LOG_STREAM not in ctx.ended
 
 
 # -- restarts, stop, close -------------------------------------------------------------------
@@ -232,7 +232,7 @@ async def test_follow_from_the_end_until_cancelled(cap: ServicesCapability, tmp_
 async def test_restart_on_failure_counts_and_backs_off(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
-    policy = api.RestartPolicy(
+    policy = rpc.RestartPolicy(
         policy="on-failure", max_restarts=3, backoff_initial=0.1, backoff_max=0.2
     )
     began = time.monotonic()
@@ -248,11 +248,11 @@ async def test_restart_on_failure_counts_and_backs_off(
 async def test_clean_exit_and_stopped_service_are_not_restarted(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
-    policy = api.RestartPolicy(policy="on-failure", max_restarts=5, backoff_initial=0.05)
+    policy = rpc.RestartPolicy(policy="on-failure", max_restarts=5, backoff_initial=0.05)
     await cap.services_start(start("clean", "exit 0", restart=policy), LocalContext())
     await eventually(lambda: status_sync(cap, "clean") == "exited")
     await cap.services_start(start("held", "exec sleep 300", restart=policy), LocalContext())
-    stopped = await cap.services_stop(api.StopParams(name="held"), LocalContext())
+    stopped = await cap.services_stop(rpc.StopParams(name="held"), LocalContext())
     assert stopped.state == "stopped"
     for name in ("clean", "held"):
         supervisor = cap._services[name].supervisor
@@ -278,7 +278,7 @@ async def test_stop_kills_the_whole_group_and_escaped_descendants(
     escaped = int((tmp_path / "escaped").read_text())
     assert alive(grandchild) and alive(escaped)
     began = time.monotonic()
-    final = await cap.services_stop(api.StopParams(name="tree", grace=0.3), LocalContext())
+    final = await cap.services_stop(rpc.StopParams(name="tree", grace=0.3), LocalContext())
     assert time.monotonic() - began < 8
     assert final.state == "stopped"
     assert info.pid is not None and not alive(info.pid)
@@ -288,11 +288,11 @@ async def test_stop_kills_the_whole_group_and_escaped_descendants(
 async def test_restart_method_starts_a_fresh_instance(
     cap: ServicesCapability, tmp_path: Path
 ) -> None:
-    probe = api.LogProbe(pattern="up", timeout=20)
+    probe = rpc.LogProbe(pattern="up", timeout=20)
     first = await cap.services_start(
         start("svc", "echo up; exec sleep 30", probe=probe), LocalContext()
     )
-    again = await cap.services_restart(api.RestartParams(name="svc"), LocalContext())
+    again = await cap.services_restart(rpc.RestartParams(name="svc"), LocalContext())
     assert again.state == "running" and again.ready and again.pid != first.pid
     assert first.pid is not None and not alive(first.pid)
     assert Path(again.log_path).read_text() == "up\nup\n"
@@ -306,7 +306,7 @@ async def test_close_kills_every_service(cap: ServicesCapability) -> None:
         )
         assert info.pid is not None
         pids.append(info.pid)
-    policy = api.RestartPolicy(policy="on-failure", backoff_initial=60)
+    policy = rpc.RestartPolicy(policy="on-failure", backoff_initial=60)
     await cap.services_start(start("waiting", "exit 1", restart=policy), LocalContext())
     await eventually(lambda: status_sync(cap, "waiting") == "backoff")
     await cap.close()
@@ -323,19 +323,19 @@ async def test_errors_exists_limit_and_invalid(cap: ServicesCapability, tmp_path
     await cap.services_start(start("two", "exec sleep 30"), LocalContext())
     with pytest.raises(errors.LimitExceeded):
         await cap.services_start(start("three", "exec sleep 30"), LocalContext())
-    await cap.services_stop(api.StopParams(name="two"), LocalContext())
+    await cap.services_stop(rpc.StopParams(name="two"), LocalContext())
     # A finished service makes room for a new one.
     await cap.services_start(start("three", "exec sleep 30"), LocalContext())
     with pytest.raises(errors.NoSuchService):
         await status(cap, "two")
     with pytest.raises(errors.InvalidParams):
-        await cap.services_start(api.StartParams(name="x"), LocalContext())
+        await cap.services_start(rpc.StartParams(name="x"), LocalContext())
     with pytest.raises(errors.InvalidParams):
         bad = start("x", "true", env={MARKER_VAR: "other"})
         await cap.services_start(bad, LocalContext())
     with pytest.raises(errors.InvalidParams):
         await cap.services_start(
-            start("x", "true", probe=api.LogProbe(pattern="(")), LocalContext()
+            start("x", "true", probe=rpc.LogProbe(pattern="(")), LocalContext()
         )
     with pytest.raises(errors.NoSuchService):
-        await cap.services_stop(api.StopParams(name="ghost"), LocalContext())
+        await cap.services_stop(rpc.StopParams(name="ghost"), LocalContext())

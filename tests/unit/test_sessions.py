@@ -11,7 +11,7 @@ import pytest
 
 from execd import errors, marker
 from execd.sessions import SESSION_MARKER_VAR, SessionsCapability
-from protocol.api import sessions as api
+from protocol.rpc import sessions as rpc
 from tests.conftest import eventually
 from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
@@ -27,12 +27,12 @@ def _no_session_directory(cap: SessionsCapability, state: Path) -> None:
 cap = capability_fixture(SessionsCapability, after=_no_session_directory, kill_grace=0.5)
 
 
-async def open_session(cap: SessionsCapability, name: str = "s", **kw: Any) -> api.SessionInfo:
-    return await cap.sessions_open(api.OpenParams(name=name, **kw), LocalContext())
+async def open_session(cap: SessionsCapability, name: str = "s", **kw: Any) -> rpc.SessionInfo:
+    return await cap.sessions_open(rpc.OpenParams(name=name, **kw), LocalContext())
 
 
-async def sh(cap: SessionsCapability, command: str, name: str = "s", **kw: Any) -> api.RunResult:
-    return await cap.sessions_run(api.RunParams(name=name, command=command, **kw), LocalContext())
+async def sh(cap: SessionsCapability, command: str, name: str = "s", **kw: Any) -> rpc.RunResult:
+    return await cap.sessions_run(rpc.RunParams(name=name, command=command, **kw), LocalContext())
 
 
 async def test_cwd_and_exported_environment_persist(
@@ -49,7 +49,7 @@ async def test_cwd_and_exported_environment_persist(
     third = await sh(cap, "f() { echo from function; }; false")
     assert third.exit_code == 1
     assert (await sh(cap, "f")).stdout == b"from function\n"
-    listing = await cap.sessions_list(api.ListParams(), LocalContext())
+    listing = await cap.sessions_list(rpc.ListParams(), LocalContext())
     assert [(s.name, s.commands, s.state) for s in listing.sessions] == [("s", 4, "idle")]
 
 
@@ -101,7 +101,7 @@ async def test_background_job_does_not_block_and_dies_at_close(
     pids = [int(p) for p in started.stdout.split()]
     assert all(alive(pid) for pid in pids)
     assert (await sh(cap, "echo next")).stdout == b"next\n"
-    closed = await cap.sessions_close(api.CloseParams(name="s"), LocalContext())
+    closed = await cap.sessions_close(rpc.CloseParams(name="s"), LocalContext())
     assert closed.remaining == [] and closed.killed >= 3
     assert closed.info.state == "dead"
     await eventually(lambda: not any(alive(pid) for pid in pids))
@@ -117,7 +117,7 @@ async def test_interrupt_stops_the_foreground_command_only(
     background = int(bg.stdout)
     await sh(cap, "cd here")
     assert (
-        await cap.sessions_interrupt(api.InterruptParams(name="s"), LocalContext())
+        await cap.sessions_interrupt(rpc.InterruptParams(name="s"), LocalContext())
     ).sent is False
     running = asyncio.ensure_future(
         sh(cap, f"echo before; sleep 100; echo after > {tmp_path}/after")
@@ -126,7 +126,7 @@ async def test_interrupt_stops_the_foreground_command_only(
     await eventually(lambda: len(children(shell, "sleep")) == 2)
     with pytest.raises(errors.SessionBusy):
         await sh(cap, "true")
-    sent = await cap.sessions_interrupt(api.InterruptParams(name="s"), LocalContext())
+    sent = await cap.sessions_interrupt(rpc.InterruptParams(name="s"), LocalContext())
     assert sent.sent
     result = await asyncio.wait_for(running, 10)
     assert result.exit_code == 130 and result.interrupted and not result.timed_out
@@ -166,8 +166,8 @@ async def test_exit_ends_the_session(cap: SessionsCapability, tmp_path: Path) ->
         await sh(cap, "echo again")
     assert caught.value.data["exit_code"] == 3
     with pytest.raises(errors.SessionDead):
-        await cap.sessions_interrupt(api.InterruptParams(name="s"), LocalContext())
-    listing = await cap.sessions_list(api.ListParams(), LocalContext())
+        await cap.sessions_interrupt(rpc.InterruptParams(name="s"), LocalContext())
+    listing = await cap.sessions_list(rpc.ListParams(), LocalContext())
     assert listing.sessions[0].state == "dead" and listing.sessions[0].exit_code == 3
     # A dead session's name can be opened again.
     again = await open_session(cap)
@@ -221,7 +221,7 @@ async def test_close_kills_everything_the_session_started(
     await eventually(lambda: children(shell_b, "sleep"), what="b's command running")
     subs = [cap._sessions[n].sub_marker for n in ("a", "b")]
     await eventually(lambda: len(marker.find_marked(SESSION_MARKER_VAR, subs[0])) >= 4)
-    closed = await cap.sessions_close(api.CloseParams(name="b"), LocalContext())
+    closed = await cap.sessions_close(rpc.CloseParams(name="b"), LocalContext())
     assert closed.remaining == []
     ended = await asyncio.wait_for(busy, 10)
     assert ended.session_ended
@@ -245,7 +245,7 @@ async def test_errors_exists_limit_and_invalid(cap: SessionsCapability, tmp_path
     await sh(cap, "exit", name="two")
     await open_session(cap, name="three")
     assert [
-        s.name for s in (await cap.sessions_list(api.ListParams(), LocalContext())).sessions
+        s.name for s in (await cap.sessions_list(rpc.ListParams(), LocalContext())).sessions
     ] == ["one", "three"]
     with pytest.raises(errors.InvalidParams):
         await open_session(cap, name="x", env={MARKER_VAR: "other"})
@@ -254,4 +254,4 @@ async def test_errors_exists_limit_and_invalid(cap: SessionsCapability, tmp_path
     with pytest.raises(errors.NoSuchSession):
         await sh(cap, "true", name="ghost")
     with pytest.raises(errors.NoSuchSession):
-        await cap.sessions_close(api.CloseParams(name="ghost"), LocalContext())
+        await cap.sessions_close(rpc.CloseParams(name="ghost"), LocalContext())

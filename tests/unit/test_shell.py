@@ -16,7 +16,7 @@ from execd import errors
 from execd.fit import encoded_size, result_budget
 from execd.shell import ShellCapability
 from protocol import limits
-from protocol.api import shell as api
+from protocol.rpc import shell as rpc
 from tests.conftest import eventually
 from tests.support.capabilities import MARKER_VAR, capability_fixture
 from tests.support.local_ctx import LocalContext
@@ -51,8 +51,8 @@ async def first_line(ctx: LocalContext) -> bytes:
     return ctx.received("stdout").split(b"\n")[0]
 
 
-async def listed(cap: ShellCapability) -> dict[str, api.CommandInfo]:
-    result = await cap.shell_list(api.ListParams(), LocalContext())
+async def listed(cap: ShellCapability) -> dict[str, rpc.CommandInfo]:
+    result = await cap.shell_list(rpc.ListParams(), LocalContext())
     return {info.command_id: info for info in result.commands}
 
 
@@ -70,8 +70,8 @@ def sibling(ctx: LocalContext, call_id: int) -> LocalContext:
     return other
 
 
-def run_params(**kw: Any) -> api.RunParams:
-    return api.RunParams(**kw)
+def run_params(**kw: Any) -> rpc.RunParams:
+    return rpc.RunParams(**kw)
 
 
 # -- running ----------------------------------------------------------------------
@@ -348,7 +348,7 @@ async def test_signal_reaches_running_and_stopped_commands(cap: ShellCapability)
     await first_line(ctx)
     other = sibling(ctx, 8)
     sent = await cap.shell_signal(
-        api.SignalParams(call_id=7, signal=signal.SIGUSR1, group=False), other
+        rpc.SignalParams(call_id=7, signal=signal.SIGUSR1, group=False), other
     )
     r = await asyncio.wait_for(task, 10)
     assert sent.pid == r.pid
@@ -360,20 +360,20 @@ async def test_signal_reaches_running_and_stopped_commands(cap: ShellCapability)
     )
     pid = int(await first_line(ctx))
     await eventually(lambda: state(pid) == "T")
-    await cap.shell_signal(api.SignalParams(call_id=9, signal=signal.SIGTERM), sibling(ctx, 10))
+    await cap.shell_signal(rpc.SignalParams(call_id=9, signal=signal.SIGTERM), sibling(ctx, 10))
     r = await asyncio.wait_for(task, 10)
     assert r.signal == signal.SIGTERM
     assert b"resumed" not in ctx.received("stdout")
 
     with pytest.raises(errors.NoSuchProcess):
-        await cap.shell_signal(api.SignalParams(call_id=9, signal=15), sibling(ctx, 11))
+        await cap.shell_signal(rpc.SignalParams(call_id=9, signal=15), sibling(ctx, 11))
     with pytest.raises(errors.NoSuchProcess):  # another connection's call is not addressable
-        await cap.shell_signal(api.SignalParams(call_id=9, signal=15), LocalContext())
+        await cap.shell_signal(rpc.SignalParams(call_id=9, signal=15), LocalContext())
     with pytest.raises(errors.InvalidParams):
-        await cap.shell_signal(api.SignalParams(signal=15), LocalContext())
+        await cap.shell_signal(rpc.SignalParams(signal=15), LocalContext())
     with pytest.raises(errors.InvalidParams):
         await cap.shell_signal(
-            api.SignalParams(call_id=1, command_id="x", signal=15), LocalContext()
+            rpc.SignalParams(call_id=1, command_id="x", signal=15), LocalContext()
         )
 
 
@@ -408,23 +408,23 @@ async def test_detached_survives_connection_and_can_be_attached(cap: ShellCapabi
     assert started.command_id and started.pid
     await ctx.close()
     assert alive(started.pid)
-    listed = await cap.shell_list(api.ListParams(), LocalContext())
+    listed = await cap.shell_list(rpc.ListParams(), LocalContext())
     [info] = listed.commands
     assert info.command_id == started.command_id and info.state == "running"
-    status = await cap.shell_status(api.StatusParams(command_id=started.command_id), LocalContext())
+    status = await cap.shell_status(rpc.StatusParams(command_id=started.command_id), LocalContext())
     assert status.state == "running"
 
     viewer = LocalContext()
-    attached = await cap.shell_attach(api.AttachParams(command_id=started.command_id), viewer)
+    attached = await cap.shell_attach(rpc.AttachParams(command_id=started.command_id), viewer)
     assert viewer.received("stdout") == b"start\nend\n"
     assert viewer.received("stderr") == b"e\n"
     assert viewer.ended == {"stdout", "stderr"}
     assert attached.info.state == "exited" and attached.info.exit_code == 0
     assert attached.stdout_lost == 0
     # The final status was read: the record is gone.
-    assert (await cap.shell_list(api.ListParams(), LocalContext())).commands == []
+    assert (await cap.shell_list(rpc.ListParams(), LocalContext())).commands == []
     with pytest.raises(errors.NoSuchProcess):
-        await cap.shell_status(api.StatusParams(command_id=started.command_id), ctx)
+        await cap.shell_status(rpc.StatusParams(command_id=started.command_id), ctx)
 
 
 @pytest.mark.limits(detached_ring=1000)
@@ -434,12 +434,12 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
         LocalContext(),
     )
     assert started.command_id is not None
-    info = await cap.shell_wait(api.WaitParams(command_id=started.command_id), LocalContext())
+    info = await cap.shell_wait(rpc.WaitParams(command_id=started.command_id), LocalContext())
     assert info.state == "exited" and info.exit_code == 0
     assert info.stdout_bytes == 10000 + 1 + 5
     # wait read the final status: forgotten.
     with pytest.raises(errors.NoSuchProcess):
-        await cap.shell_wait(api.WaitParams(command_id=started.command_id), LocalContext())
+        await cap.shell_wait(rpc.WaitParams(command_id=started.command_id), LocalContext())
 
     started = await cap.shell_run(
         run_params(command="head -c 10000 /dev/zero; echo tail", detached=True),
@@ -449,10 +449,10 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
     await until_exited(cap, started.command_id)
     with pytest.raises(errors.AlreadyExited):
         await cap.shell_signal(
-            api.SignalParams(command_id=started.command_id, signal=15), LocalContext()
+            rpc.SignalParams(command_id=started.command_id, signal=15), LocalContext()
         )
     viewer = LocalContext()
-    attached = await cap.shell_attach(api.AttachParams(command_id=started.command_id), viewer)
+    attached = await cap.shell_attach(rpc.AttachParams(command_id=started.command_id), viewer)
     out = viewer.received("stdout")
     assert out.endswith(b"tail\n") and len(out) == 1000
     assert attached.stdout_lost == 10005 - 1000
@@ -461,13 +461,13 @@ async def test_detached_status_wait_and_ring_loss(cap: ShellCapability) -> None:
     ctx = LocalContext()
     started = await cap.shell_run(run_params(argv=["sleep", "300"], detached=True), ctx)
     assert started.command_id is not None
-    info = await cap.shell_wait(api.WaitParams(command_id=started.command_id, timeout=0.1), ctx)
+    info = await cap.shell_wait(rpc.WaitParams(command_id=started.command_id, timeout=0.1), ctx)
     assert info.state == "running"
-    await cap.shell_signal(api.SignalParams(command_id=started.command_id, signal=9), ctx)
-    info = await cap.shell_wait(api.WaitParams(command_id=started.command_id), ctx)
+    await cap.shell_signal(rpc.SignalParams(command_id=started.command_id, signal=9), ctx)
+    info = await cap.shell_wait(rpc.WaitParams(command_id=started.command_id), ctx)
     assert info.signal == 9
     with pytest.raises(errors.NoSuchProcess):
-        await cap.shell_signal(api.SignalParams(command_id=started.command_id, signal=9), ctx)
+        await cap.shell_signal(rpc.SignalParams(command_id=started.command_id, signal=9), ctx)
 
 
 async def test_attach_follow_false_and_single_attacher(cap: ShellCapability) -> None:
@@ -482,23 +482,23 @@ async def test_attach_follow_false_and_single_attacher(cap: ShellCapability) -> 
 
     await eventually(printed, what="the command's first output")
     viewer = LocalContext()
-    snap = await cap.shell_attach(api.AttachParams(command_id=command_id, follow=False), viewer)
+    snap = await cap.shell_attach(rpc.AttachParams(command_id=command_id, follow=False), viewer)
     assert viewer.received("stdout") == b"hi\n" and snap.info.state == "running"
 
     follower = LocalContext()
     following = asyncio.ensure_future(
-        cap.shell_attach(api.AttachParams(command_id=command_id), follower)
+        cap.shell_attach(rpc.AttachParams(command_id=command_id), follower)
     )
     await eventually(lambda: follower.received("stdout") == b"hi\n")
     with pytest.raises(errors.AlreadyAttached):
-        await cap.shell_attach(api.AttachParams(command_id=command_id), LocalContext())
+        await cap.shell_attach(rpc.AttachParams(command_id=command_id), LocalContext())
     await cap.shell_signal(
-        api.SignalParams(command_id=command_id, signal=signal.SIGTERM), LocalContext()
+        rpc.SignalParams(command_id=command_id, signal=signal.SIGTERM), LocalContext()
     )
     result = await asyncio.wait_for(following, 10)
     assert result.info.signal == signal.SIGTERM
     with pytest.raises(errors.NoSuchProcess):
-        await cap.shell_status(api.StatusParams(command_id=command_id), LocalContext())
+        await cap.shell_status(rpc.StatusParams(command_id=command_id), LocalContext())
 
 
 @pytest.mark.limits(detached_retention=0.3, max_detached=2)

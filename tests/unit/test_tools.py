@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harnessd.tools import HeadTail
+from harnessd.tool_text import HeadTail
 
 
 @given(st.integers(0, 64), st.lists(st.binary(max_size=40), max_size=30))

@@ -28,7 +28,7 @@ from execd.errors import (
     ShuttingDown,
 )
 from execd.watch import WatchCapability
-from protocol.api.watch import (
+from protocol.rpc.watch import (
     SubscribeParams,
     UnsubscribeParams,
     WaitForPathParams,
@@ -461,7 +461,7 @@ LIMIT_CHILD = textwrap.dedent(
     from execd.config import Config
     from execd.errors import WatchLimit
     from execd.watch import WatchCapability
-    from protocol.api.watch import SubscribeParams
+    from protocol.rpc.watch import SubscribeParams
     from tests.support.local_ctx import LocalContext
 
     async def main():

@@ -28,14 +28,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from protocol.api.resources import LimitName, Limits, Mechanism
-
-RUN: Final = "shell.run"
-SIGNAL: Final = "shell.signal"
-LIST: Final = "shell.list"
-ATTACH: Final = "shell.attach"
-STATUS: Final = "shell.status"
-WAIT: Final = "shell.wait"
+from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 STDOUT_STREAM: Final = "stdout"
 STDERR_STREAM: Final = "stderr"
@@ -84,14 +78,10 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 CommandState = Literal["running", "exited"]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every shell message."""
-
-
 # -- shell.run -------------------------------------------------------------------
 
 
-class RunParams(_Message):
+class RunParams(Schema):
     """Run one command; exactly one of ``argv`` and ``command`` is required.
 
     ``env`` overrides and ``unset`` removes variables of the daemon's base
@@ -121,7 +111,7 @@ class RunParams(_Message):
     limits: Limits | None = None
 
 
-class RunResult(_Message):
+class RunResult(Schema):
     """Outcome of ``shell.run``.
 
     A detached run returns at once with ``command_id`` and ``pid`` only.
@@ -148,7 +138,7 @@ class RunResult(_Message):
     stderr_dropped: Count = 0
     pipes_held_open: bool = False
     command_id: str | None = None
-    #: The limit that ended the command, where it can be told (``protocol.api.resources``).
+    #: The limit that ended the command, where it can be told (``protocol.rpc.resources``).
     limit_exceeded: LimitName | None = None
     #: How each limit of the command was enforced.
     limits: dict[LimitName, Mechanism] | None = None
@@ -157,7 +147,7 @@ class RunResult(_Message):
 # -- shell.signal ----------------------------------------------------------------
 
 
-class SignalParams(_Message):
+class SignalParams(Schema):
     """Send ``signal`` to a running command: exactly one of the two ids.
 
     ``call_id`` names a running non-detached ``shell.run`` call on the same
@@ -173,7 +163,7 @@ class SignalParams(_Message):
     group: bool = True
 
 
-class SignalResult(_Message):
+class SignalResult(Schema):
     """``shell.signal`` delivered the signal to the command with this pid."""
 
     pid: int
@@ -182,7 +172,7 @@ class SignalResult(_Message):
 # -- detached commands -----------------------------------------------------------
 
 
-class CommandInfo(_Message):
+class CommandInfo(Schema):
     """What is known about one detached command.
 
     ``title`` is the command line, truncated to :data:`MAX_TITLE`
@@ -210,11 +200,11 @@ class CommandInfo(_Message):
     limits: dict[LimitName, Mechanism] | None = None
 
 
-class ListParams(_Message):
+class ListParams(Schema):
     """``shell.list`` takes no parameters."""
 
 
-class ListResult(_Message):
+class ListResult(Schema):
     """Every detached command the daemon remembers, oldest first."""
 
     commands: list[CommandInfo]
@@ -222,13 +212,13 @@ class ListResult(_Message):
     truncated: bool = False
 
 
-class StatusParams(_Message):
+class StatusParams(Schema):
     """``shell.status``: the state of one detached command, without waiting."""
 
     command_id: CommandId
 
 
-class WaitParams(_Message):
+class WaitParams(Schema):
     """``shell.wait``: wait until the command exits or ``timeout`` passes.
 
     On timeout the reply is the still-running command's info.
@@ -238,7 +228,7 @@ class WaitParams(_Message):
     timeout: Seconds | None = None
 
 
-class AttachParams(_Message):
+class AttachParams(Schema):
     """``shell.attach``: replay the retained output, then follow it live.
 
     The replay comes from a bounded ring per stream; bytes that fell off it
@@ -250,9 +240,20 @@ class AttachParams(_Message):
     follow: bool = True
 
 
-class AttachResult(_Message):
+class AttachResult(Schema):
     """``shell.attach`` finished: the command's info and bytes lost off the rings."""
 
     info: CommandInfo
     stdout_lost: Count = 0
     stderr_lost: Count = 0
+
+
+# -- the methods --------------------------------------------------------------
+RUN: Final = Rpc("shell.run", RunParams, RunResult)
+SIGNAL: Final = Rpc("shell.signal", SignalParams, SignalResult)
+LIST: Final = Rpc("shell.list", ListParams, ListResult)
+STATUS: Final = Rpc("shell.status", StatusParams, CommandInfo)
+WAIT: Final = Rpc("shell.wait", WaitParams, CommandInfo)
+ATTACH: Final = Rpc("shell.attach", AttachParams, AttachResult)
+
+RPCS: Final = (RUN, SIGNAL, LIST, STATUS, WAIT, ATTACH)

@@ -60,13 +60,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from protocol.api.resources import LimitName, Limits, Mechanism
-
-OPEN: Final = "sessions.open"
-RUN: Final = "sessions.run"
-INTERRUPT: Final = "sessions.interrupt"
-CLOSE: Final = "sessions.close"
-LIST: Final = "sessions.list"
+from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a session name looks like."""
@@ -93,22 +88,18 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 SessionState = Literal["idle", "busy", "dead"]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every sessions message."""
-
-
-class OpenParams(_Message):
+class OpenParams(Schema):
     """Open a session whose shell starts in ``cwd`` with ``env`` added to the base environment."""
 
     name: Name
     cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
     env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
     unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    #: Resource limits of the shell and everything it runs (``protocol.api.resources``).
+    #: Resource limits of the shell and everything it runs (``protocol.rpc.resources``).
     limits: Limits | None = None
 
 
-class SessionInfo(_Message):
+class SessionInfo(Schema):
     """What is known about one session.
 
     ``cwd`` is the shell's current working directory (physical path), absent
@@ -128,7 +119,7 @@ class SessionInfo(_Message):
     limits: dict[LimitName, Mechanism] | None = None
 
 
-class RunParams(_Message):
+class RunParams(Schema):
     """Run ``command`` in the session.
 
     ``stdin`` bytes are the command's stdin (default ``/dev/null``).
@@ -145,7 +136,7 @@ class RunParams(_Message):
     output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
 
 
-class RunResult(_Message):
+class RunResult(Schema):
     """Outcome of one command.
 
     ``exit_code`` is the command's exit status (130 after an interrupt);
@@ -170,25 +161,25 @@ class RunResult(_Message):
     duration: float = 0.0
 
 
-class InterruptParams(_Message):
+class InterruptParams(Schema):
     """``sessions.interrupt``: SIGINT to the running command of a session."""
 
     name: Name
 
 
-class InterruptResult(_Message):
+class InterruptResult(Schema):
     """``sent`` is false when no command was running."""
 
     sent: bool
 
 
-class CloseParams(_Message):
+class CloseParams(Schema):
     """``sessions.close``: kill the session and everything it started."""
 
     name: Name
 
 
-class CloseResult(_Message):
+class CloseResult(Schema):
     """The session's last state, processes killed, and any marked process left alive."""
 
     info: SessionInfo
@@ -196,13 +187,23 @@ class CloseResult(_Message):
     remaining: list[int] = msgspec.field(default_factory=list)
 
 
-class ListParams(_Message):
+class ListParams(Schema):
     """``sessions.list`` takes no parameters."""
 
 
-class ListResult(_Message):
+class ListResult(Schema):
     """Every session, in open order."""
 
     sessions: list[SessionInfo]
     #: Set when more remained than fit one reply frame to the client (the first are listed).
     truncated: bool = False
+
+
+# -- the methods --------------------------------------------------------------
+OPEN: Final = Rpc("sessions.open", OpenParams, SessionInfo)
+RUN: Final = Rpc("sessions.run", RunParams, RunResult)
+INTERRUPT: Final = Rpc("sessions.interrupt", InterruptParams, InterruptResult)
+CLOSE: Final = Rpc("sessions.close", CloseParams, CloseResult)
+LIST: Final = Rpc("sessions.list", ListParams, ListResult)
+
+RPCS: Final = (OPEN, RUN, INTERRUPT, CLOSE, LIST)

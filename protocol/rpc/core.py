@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
-from protocol.api.resources import LimitsInfo
+from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitsInfo
 
 
-class NoParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NoParams(Schema):
     """Methods that take nothing accept an empty map (and ignore extra keys)."""
 
 
-class EchoParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class EchoParams(Schema):
     """``server.echo``: the payload comes back unchanged."""
 
     data: bytes = b""
 
 
-class ServerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ServerInfo(Schema):
     """``server.info``: who this execd is."""
 
     pid: int
@@ -35,17 +36,26 @@ class ServerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     limits: LimitsInfo | None = None
 
 
-class CloseParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CloseParams(Schema):
     """``session.close``: clean up by marker; with ``shutdown`` execd exits after replying."""
 
     shutdown: bool = True
     timeout: Annotated[float, msgspec.Meta(ge=0, le=600)] = 10.0
 
 
-class CloseReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CloseReport(Schema):
     """What session close did: processes killed by marker and any left behind."""
 
     killed: int
     remaining: list[int]
     rounds: int
     elapsed: float
+
+
+# -- the methods --------------------------------------------------------------
+NOOP: Final = Rpc("server.noop", NoParams, type(None))
+ECHO: Final = Rpc("server.echo", EchoParams, bytes)
+INFO: Final = Rpc("server.info", NoParams, ServerInfo)
+CLOSE: Final = Rpc("session.close", CloseParams, CloseReport)
+
+RPCS: Final = (NOOP, ECHO, INFO, CLOSE)

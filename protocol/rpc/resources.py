@@ -40,6 +40,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.rpc import Schema
+
 LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
 Mechanism = Literal["cgroup-v1", "rlimit", "unavailable"]
@@ -49,7 +51,7 @@ MAX_CPU: Final = 30 * 24 * 3600.0
 MAX_COUNT: Final = 2**22
 
 
-class Limits(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+class Limits(Schema, kw_only=True, forbid_unknown_fields=True):
     """Bounds on one command and everything it starts; None: no bound from this call.
 
     ``memory`` and ``file_size`` in bytes, ``cpu`` in CPU seconds,
@@ -68,7 +70,7 @@ class Limits(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fi
         return all(getattr(self, name) is None for name in LIMIT_NAMES)
 
 
-class LimitsInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class LimitsInfo(Schema, kw_only=True):
     """``server.info``: the daemon's default limits and how each limit is enforced."""
 
     mechanisms: dict[LimitName, Mechanism]

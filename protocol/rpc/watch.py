@@ -49,6 +49,8 @@ from typing import Annotated, Final, Literal, get_args
 
 import msgspec
 
+from protocol.rpc import Rpc, Schema
+
 MAX_PATH: Final = 4096
 """Longest path accepted, in characters."""
 
@@ -61,29 +63,21 @@ MAX_WAIT: Final = 7 * 24 * 3600.0
 MAX_UNWATCHED_REPORTED: Final = 64
 """At most this many unwatchable paths are listed in a subscribe result."""
 
-SUBSCRIBE: Final = "watch.subscribe"
-UNSUBSCRIBE: Final = "watch.unsubscribe"
-WAIT_FOR_PATH: Final = "watch.wait_for_path"
 
 ChangeKind = Literal["created", "modified", "closed_write", "deleted", "moved", "attrib"]
 ControlKind = Literal["root_deleted", "ended", "overflow", "watch_limit", "watch_failed"]
 Condition = Literal["exists", "absent", "file", "dir", "nonempty"]
 
 CHANGE_KINDS: Final[tuple[str, ...]] = get_args(ChangeKind)
-CONTROL_KINDS: Final[tuple[str, ...]] = get_args(ControlKind)
 
 PathStr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)]
 WatchId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every watch message."""
-
-
 # -- watch.subscribe ------------------------------------------------------------------
 
 
-class SubscribeParams(_Message):
+class SubscribeParams(Schema):
     """Watch ``path`` (a directory, or a single file or symlink).
 
     ``recursive``: also watch every directory below, including directories
@@ -106,7 +100,7 @@ class SubscribeParams(_Message):
     follow: bool = True
 
 
-class SubscribeResult(_Message):
+class SubscribeResult(Schema):
     """The new subscription.
 
     ``watched`` counts the inotify watches it holds (1 unless recursive).
@@ -124,7 +118,7 @@ class SubscribeResult(_Message):
 # -- watch.unsubscribe ---------------------------------------------------------------
 
 
-class UnsubscribeParams(_Message):
+class UnsubscribeParams(Schema):
     """End subscription ``watch_id`` (of this connection).
 
     Events still queued are discarded; an ``ended`` event (``reason =
@@ -136,7 +130,7 @@ class UnsubscribeParams(_Message):
     watch_id: WatchId
 
 
-class UnsubscribeResult(_Message):
+class UnsubscribeResult(Schema):
     """The subscription that ended."""
 
     watch_id: WatchId
@@ -145,7 +139,7 @@ class UnsubscribeResult(_Message):
 # -- watch.wait_for_path ---------------------------------------------------------------
 
 
-class WaitForPathParams(_Message):
+class WaitForPathParams(Schema):
     """Wait until ``condition`` holds for ``path``, at most ``timeout`` seconds.
 
     Conditions follow symlinks, like ``test -e/-f/-d``: ``exists``; ``absent``;
@@ -159,7 +153,7 @@ class WaitForPathParams(_Message):
     timeout: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_WAIT)] = 30.0
 
 
-class WaitForPathResult(_Message):
+class WaitForPathResult(Schema):
     """The condition held after ``waited`` seconds."""
 
     met: bool
@@ -169,7 +163,7 @@ class WaitForPathResult(_Message):
 # -- pushed events ------------------------------------------------------------------------
 
 
-class WatchEvent(_Message):
+class WatchEvent(Schema):
     """The ``data`` of every event pushed for a subscription.
 
     ``path``: what the event is about (for control events, the watched root).
@@ -187,3 +181,11 @@ class WatchEvent(_Message):
     dropped: int = 0
     source: str = ""
     reason: str = ""
+
+
+# -- the methods --------------------------------------------------------------
+SUBSCRIBE: Final = Rpc("watch.subscribe", SubscribeParams, SubscribeResult)
+UNSUBSCRIBE: Final = Rpc("watch.unsubscribe", UnsubscribeParams, UnsubscribeResult)
+WAIT_FOR_PATH: Final = Rpc("watch.wait_for_path", WaitForPathParams, WaitForPathResult)
+
+RPCS: Final = (SUBSCRIBE, UNSUBSCRIBE, WAIT_FOR_PATH)

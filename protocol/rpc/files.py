@@ -17,6 +17,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.rpc import Rpc, Schema
+
 MAX_PATH: Final = 4096
 """Longest path accepted, in characters."""
 
@@ -32,15 +34,6 @@ MAX_LIST_LIMIT: Final = 10_000_000
 DATA_STREAM: Final = "data"
 """Name of the stream that carries file content in both directions."""
 
-READ: Final = "files.read"
-WRITE: Final = "files.write"
-STAT: Final = "files.stat"
-LIST: Final = "files.list"
-MKDIR: Final = "files.mkdir"
-REMOVE: Final = "files.remove"
-MOVE: Final = "files.move"
-CHMOD: Final = "files.chmod"
-SHA256: Final = "files.sha256"
 
 PathStr = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
 Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
@@ -50,14 +43,10 @@ Digest = Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-
 FileType = Literal["file", "dir", "symlink", "other"]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every files message."""
-
-
 # -- files.read ------------------------------------------------------------------
 
 
-class ReadParams(_Message):
+class ReadParams(Schema):
     """Read ``length`` bytes (``None``: up to end of file) from ``offset``.
 
     ``max_bytes`` guards the caller: when the requested range holds more bytes
@@ -76,7 +65,7 @@ class ReadParams(_Message):
     checksum: bool = False
 
 
-class ReadResult(_Message):
+class ReadResult(Schema):
     """Outcome of ``files.read``.
 
     ``size`` is the file's size when it was opened; ``bytes_sent`` and
@@ -96,7 +85,7 @@ class ReadResult(_Message):
 # -- files.write -----------------------------------------------------------------
 
 
-class WriteParams(_Message):
+class WriteParams(Schema):
     """Write ``data`` (or the client's ``data`` stream when ``stream``) to ``path``.
 
     ``atomic`` writes a temporary file beside the target and renames it over
@@ -117,7 +106,7 @@ class WriteParams(_Message):
     checksum: bool = False
 
 
-class WriteResult(_Message):
+class WriteResult(Schema):
     """How many bytes were written, and their SHA-256 (hex) when ``checksum`` was asked."""
 
     size: Size
@@ -127,14 +116,14 @@ class WriteResult(_Message):
 # -- files.stat ------------------------------------------------------------------
 
 
-class StatParams(_Message):
+class StatParams(Schema):
     """Describe ``path``; with ``follow_symlinks=False`` a link describes itself."""
 
     path: PathStr
     follow_symlinks: bool = True
 
 
-class StatResult(_Message):
+class StatResult(Schema):
     """Metadata of one path.
 
     ``mode`` holds the permission bits only (``st_mode & 0o7777``). ``target``
@@ -154,7 +143,7 @@ class StatResult(_Message):
 # -- files.list ------------------------------------------------------------------
 
 
-class ListParams(_Message):
+class ListParams(Schema):
     """List a directory; ``recursive`` descends without following symlinks.
 
     ``limit`` (default and ceiling: the daemon's ``max_list_entries``) caps
@@ -167,7 +156,7 @@ class ListParams(_Message):
     include_hidden: bool = True
 
 
-class ListEntry(_Message):
+class ListEntry(Schema):
     """One entry, ``path`` relative to the listed directory with ``/`` separators."""
 
     path: str
@@ -177,7 +166,7 @@ class ListEntry(_Message):
     mode: Mode
 
 
-class ListResult(_Message):
+class ListResult(Schema):
     """The entries in depth-first, name-sorted order.
 
     ``truncated`` is set when more entries exist than were returned (the limit
@@ -195,7 +184,7 @@ class ListResult(_Message):
 # -- files.mkdir -----------------------------------------------------------------
 
 
-class MkdirParams(_Message):
+class MkdirParams(Schema):
     """Create a directory (and its parents when ``parents``).
 
     ``mode`` sets the new directory's exact permission bits; without it the
@@ -208,7 +197,7 @@ class MkdirParams(_Message):
     mode: Mode | None = None
 
 
-class MkdirResult(_Message):
+class MkdirResult(Schema):
     """``created`` is false when the directory already existed."""
 
     created: bool
@@ -217,7 +206,7 @@ class MkdirResult(_Message):
 # -- files.remove ----------------------------------------------------------------
 
 
-class RemoveParams(_Message):
+class RemoveParams(Schema):
     """Remove a file, symlink or directory (non-empty ones need ``recursive``)."""
 
     path: PathStr
@@ -225,7 +214,7 @@ class RemoveParams(_Message):
     missing_ok: bool = False
 
 
-class RemoveResult(_Message):
+class RemoveResult(Schema):
     """``removed`` is false when the path did not exist (and ``missing_ok``)."""
 
     removed: bool
@@ -234,7 +223,7 @@ class RemoveResult(_Message):
 # -- files.move ------------------------------------------------------------------
 
 
-class MoveParams(_Message):
+class MoveParams(Schema):
     """Rename ``src`` to ``dst`` (``dst`` is the new name, never a parent to move into).
 
     Across filesystems the content is copied beside ``dst``, renamed into
@@ -246,7 +235,7 @@ class MoveParams(_Message):
     overwrite: bool = True
 
 
-class MoveResult(_Message):
+class MoveResult(Schema):
     """``copied`` is set when the move crossed filesystems and copied data."""
 
     copied: bool = False
@@ -255,14 +244,14 @@ class MoveResult(_Message):
 # -- files.chmod -----------------------------------------------------------------
 
 
-class ChmodParams(_Message):
+class ChmodParams(Schema):
     """Set the permission bits of ``path`` (symlinks are followed)."""
 
     path: PathStr
     mode: Mode
 
 
-class ChmodResult(_Message):
+class ChmodResult(Schema):
     """The permission bits after the change."""
 
     mode: Mode
@@ -271,28 +260,28 @@ class ChmodResult(_Message):
 # -- files.sha256 ----------------------------------------------------------------
 
 
-class Sha256Params(_Message):
+class Sha256Params(Schema):
     """Hash the content of a regular file."""
 
     path: PathStr
 
 
-class Sha256Result(_Message):
+class Sha256Result(Schema):
     """Hex SHA-256 of the content and the number of bytes hashed."""
 
     sha256: Digest
     size: Size
 
 
-METHODS: Final[dict[str, tuple[type[_Message], type[_Message]]]] = {
-    READ: (ReadParams, ReadResult),
-    WRITE: (WriteParams, WriteResult),
-    STAT: (StatParams, StatResult),
-    LIST: (ListParams, ListResult),
-    MKDIR: (MkdirParams, MkdirResult),
-    REMOVE: (RemoveParams, RemoveResult),
-    MOVE: (MoveParams, MoveResult),
-    CHMOD: (ChmodParams, ChmodResult),
-    SHA256: (Sha256Params, Sha256Result),
-}
-"""Every ``files.*`` method name with its params and result types."""
+# -- the methods --------------------------------------------------------------
+READ: Final = Rpc("files.read", ReadParams, ReadResult)
+WRITE: Final = Rpc("files.write", WriteParams, WriteResult)
+STAT: Final = Rpc("files.stat", StatParams, StatResult)
+LIST: Final = Rpc("files.list", ListParams, ListResult)
+MKDIR: Final = Rpc("files.mkdir", MkdirParams, MkdirResult)
+REMOVE: Final = Rpc("files.remove", RemoveParams, RemoveResult)
+MOVE: Final = Rpc("files.move", MoveParams, MoveResult)
+CHMOD: Final = Rpc("files.chmod", ChmodParams, ChmodResult)
+SHA256: Final = Rpc("files.sha256", Sha256Params, Sha256Result)
+
+RPCS: Final = (READ, WRITE, STAT, LIST, MKDIR, REMOVE, MOVE, CHMOD, SHA256)

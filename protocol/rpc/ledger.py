@@ -71,11 +71,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
-from protocol.ledger_chain import GENESIS_HASH, HASH_SIZE, MAX_SEQ, entry_hash
+from protocol.ledger_chain import HASH_SIZE, MAX_SEQ, entry_hash
+from protocol.rpc import Rpc, Schema
 
 SESSION_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 """Session names: 1 to 128 characters from ``[A-Za-z0-9_.-]``."""
@@ -86,11 +87,6 @@ MAX_BATCH_ENTRIES = 65_536
 MAX_ENTRY_SIZE = 1 << 32
 """The largest entry ``ledger.append_large`` accepts (4 GiB)."""
 
-APPEND = "ledger.append"
-APPEND_LARGE = "ledger.append_large"
-HEAD = "ledger.head"
-READ = "ledger.read"
-LIST = "ledger.list"
 
 DATA_STREAM = "data"
 """Client stream carrying an ``append_large`` payload."""
@@ -108,14 +104,14 @@ Seq = Annotated[int, msgspec.Meta(ge=1, le=MAX_SEQ)]
 HeadSeq = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 
 
-class LedgerHead(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class LedgerHead(Schema):
     """The last entry of a ledger: its seq (0 when empty) and hash."""
 
     seq: HeadSeq
     hash: Hash
 
 
-class AppendParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class AppendParams(Schema):
     """``ledger.append``: entries for seqs ``first_seq ..``, continuing ``prev_hash``."""
 
     session: SessionName
@@ -125,9 +121,7 @@ class AppendParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unkn
     hashes: Annotated[list[Hash], msgspec.Meta(max_length=MAX_BATCH_ENTRIES)] | None = None
 
 
-class AppendLargeParams(
-    msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False
-):
+class AppendLargeParams(Schema):
     """``ledger.append_large``: one entry of ``size`` bytes, sent on stream ``"data"``."""
 
     session: SessionName
@@ -138,13 +132,13 @@ class AppendLargeParams(
     hash: Hash | None = None
 
 
-class HeadParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class HeadParams(Schema):
     """``ledger.head``."""
 
     session: SessionName
 
 
-class ReadParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class ReadParams(Schema):
     """``ledger.read``: stream entries ``from_seq ..``, at most ``limit`` of them."""
 
     session: SessionName
@@ -152,7 +146,7 @@ class ReadParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     limit: Seq | None = None
 
 
-class ReadResult(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class ReadResult(Schema):
     """What ``ledger.read`` sent: ``count`` records, the last one being ``last_seq``."""
 
     last_seq: HeadSeq
@@ -160,11 +154,11 @@ class ReadResult(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     head: LedgerHead
 
 
-class ListParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class ListParams(Schema):
     """``ledger.list`` takes no parameters."""
 
 
-class LedgerInfo(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class LedgerInfo(Schema):
     """One session's ledger in ``ledger.list``."""
 
     session: str
@@ -172,16 +166,11 @@ class LedgerInfo(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     hash: bytes
 
 
-class ListResult(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+class ListResult(Schema):
     """``ledger.list``: sessions by name; ``truncated`` when the list hit its cap."""
 
     sessions: list[LedgerInfo]
     truncated: bool = False
-
-
-def zero_head() -> LedgerHead:
-    """The head of an empty ledger."""
-    return LedgerHead(seq=0, hash=GENESIS_HASH)
 
 
 # -- record framing --------------------------------------------------------------
@@ -203,11 +192,6 @@ class LedgerRecord:
 def encode_record_header(seq: int, entry_hash_: bytes, length: int) -> bytes:
     """The 48-byte header that precedes a payload of ``length`` bytes."""
     return RECORD_HEADER.pack(length, seq, entry_hash_)
-
-
-def encode_record(seq: int, entry_hash_: bytes, payload: bytes) -> bytes:
-    """One whole record."""
-    return encode_record_header(seq, entry_hash_, len(payload)) + payload
 
 
 class RecordDecoder:
@@ -274,3 +258,13 @@ class RecordDecoder:
         """Declare the stream finished; raises if it stopped inside a record."""
         if self._pending is not None or self._buffer:
             raise RecordFormatError("record stream ends inside a record")
+
+
+# -- the methods --------------------------------------------------------------
+APPEND: Final = Rpc("ledger.append", AppendParams, LedgerHead)
+APPEND_LARGE: Final = Rpc("ledger.append_large", AppendLargeParams, LedgerHead)
+HEAD: Final = Rpc("ledger.head", HeadParams, LedgerHead)
+READ: Final = Rpc("ledger.read", ReadParams, ReadResult)
+LIST: Final = Rpc("ledger.list", ListParams, ListResult)
+
+RPCS: Final = (APPEND, APPEND_LARGE, HEAD, READ, LIST)

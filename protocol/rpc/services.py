@@ -77,14 +77,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from protocol.api.resources import LimitName, Limits, Mechanism
-
-START: Final = "services.start"
-STATUS: Final = "services.status"
-LOGS: Final = "services.logs"
-STOP: Final = "services.stop"
-RESTART: Final = "services.restart"
-LIST: Final = "services.list"
+from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 LOG_STREAM: Final = "log"
 """The stream a following ``services.logs`` sends the log's bytes on."""
@@ -130,20 +124,10 @@ Offset = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 ServiceState = Literal["starting", "running", "backoff", "exited", "stopped"]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every services message."""
-
-
 # -- readiness probes -------------------------------------------------------------
 
 
-class _Probe(
-    msgspec.Struct,
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=False,
-    tag_field="type",
-):
+class _Probe(Schema, kw_only=True, tag_field="type"):
     """Common shape of the probes: the ``type`` tag and an overall timeout."""
 
     timeout: Seconds = DEFAULT_PROBE_TIMEOUT
@@ -184,7 +168,7 @@ class CommandProbe(_Probe, tag="command"):
 Probe = TcpProbe | LogProbe | CommandProbe
 
 
-class RestartPolicy(_Message):
+class RestartPolicy(Schema):
     """When and how often a service that exits on its own is started again."""
 
     policy: Literal["never", "on-failure"] = "never"
@@ -196,7 +180,7 @@ class RestartPolicy(_Message):
 # -- services.start / restart ---------------------------------------------------------
 
 
-class StartParams(_Message):
+class StartParams(Schema):
     """Start a service; exactly one of ``argv`` and ``command`` is required.
 
     ``env`` overrides and ``unset`` removes variables of the daemon's base
@@ -214,17 +198,17 @@ class StartParams(_Message):
     log: Path | None = None
     probe: Probe | None = None
     restart: RestartPolicy | None = None
-    #: Resource limits of every instance (``protocol.api.resources``).
+    #: Resource limits of every instance (``protocol.rpc.resources``).
     limits: Limits | None = None
 
 
-class RestartParams(_Message):
+class RestartParams(Schema):
     """``services.restart``: stop then start a service with its parameters."""
 
     name: Name
 
 
-class ServiceInfo(_Message):
+class ServiceInfo(Schema):
     """What is known about one service.
 
     ``pid`` is the current (or last) instance's; ``started`` its Unix start
@@ -257,17 +241,17 @@ class ServiceInfo(_Message):
 # -- status / list / stop -----------------------------------------------------------------
 
 
-class StatusParams(_Message):
+class StatusParams(Schema):
     """``services.status``: one service's state."""
 
     name: Name
 
 
-class ListParams(_Message):
+class ListParams(Schema):
     """``services.list`` takes no parameters."""
 
 
-class ListResult(_Message):
+class ListResult(Schema):
     """Every remembered service, in start order."""
 
     services: list[ServiceInfo]
@@ -275,7 +259,7 @@ class ListResult(_Message):
     truncated: bool = False
 
 
-class StopParams(_Message):
+class StopParams(Schema):
     """``services.stop``: ``signal`` the group, wait ``grace`` (daemon default), SIGKILL."""
 
     name: Name
@@ -286,7 +270,7 @@ class StopParams(_Message):
 # -- logs -----------------------------------------------------------------------------------
 
 
-class LogsParams(_Message):
+class LogsParams(Schema):
     """``services.logs``: a tail or a range of the log, or a live follow.
 
     ``lines`` and ``nbytes`` select a tail (both: the last ``lines`` lines,
@@ -302,7 +286,7 @@ class LogsParams(_Message):
     follow: bool = False
 
 
-class LogsResult(_Message):
+class LogsResult(Schema):
     """The bytes read (empty when following) and where they sit in the log.
 
     ``start`` is the offset of the first byte read or sent; ``end`` the
@@ -314,3 +298,14 @@ class LogsResult(_Message):
     end: int
     size: int
     data: bytes = b""
+
+
+# -- the methods --------------------------------------------------------------
+START: Final = Rpc("services.start", StartParams, ServiceInfo)
+STATUS: Final = Rpc("services.status", StatusParams, ServiceInfo)
+LOGS: Final = Rpc("services.logs", LogsParams, LogsResult)
+STOP: Final = Rpc("services.stop", StopParams, ServiceInfo)
+RESTART: Final = Rpc("services.restart", RestartParams, ServiceInfo)
+LIST: Final = Rpc("services.list", ListParams, ListResult)
+
+RPCS: Final = (START, STATUS, LOGS, STOP, RESTART, LIST)

@@ -29,8 +29,9 @@ from typing import Annotated, Final
 
 import msgspec
 
-from protocol.api.resources import LimitName, Limits, Mechanism
-from protocol.api.shell import (
+from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.shell import (
     MAX_ARGV,
     MAX_COMMAND,
     MAX_ENV,
@@ -41,13 +42,6 @@ from protocol.api.shell import (
     EnvValue,
     Seconds,
 )
-
-OPEN: Final = "terminal.open"
-ATTACH: Final = "terminal.attach"
-SEND: Final = "terminal.send"
-RESIZE: Final = "terminal.resize"
-WAIT: Final = "terminal.wait"
-CLOSE: Final = "terminal.close"
 
 OUTPUT_STREAM: Final = "output"
 
@@ -62,11 +56,7 @@ Cols = Annotated[int, msgspec.Meta(ge=1, le=4096)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class _Message(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
-    """Common configuration of every terminal message."""
-
-
-class OpenParams(_Message):
+class OpenParams(Schema, kw_only=True):
     """Start a program on a new terminal: exactly one of ``argv`` and ``command``.
 
     ``env``/``unset`` as for ``shell.run``; ``TERM`` is ``xterm-256color``
@@ -84,7 +74,7 @@ class OpenParams(_Message):
     limits: Limits | None = None
 
 
-class TerminalInfo(_Message):
+class TerminalInfo(Schema, kw_only=True):
     """What is known about one terminal.
 
     ``tty`` is the terminal's device (``/dev/pts/N``). Once ``state`` is
@@ -107,28 +97,28 @@ class TerminalInfo(_Message):
     limits: dict[LimitName, Mechanism] | None = None
 
 
-class AttachParams(_Message):
+class AttachParams(Schema, kw_only=True):
     """``terminal.attach``: replay the retained output, then (``follow``) stream it live."""
 
     terminal_id: TerminalId
     follow: bool = True
 
 
-class AttachResult(_Message):
+class AttachResult(Schema, kw_only=True):
     """``terminal.attach`` ended: the terminal's info and the bytes lost off the ring."""
 
     info: TerminalInfo
     lost: Count = 0
 
 
-class SendParams(_Message):
+class SendParams(Schema, kw_only=True):
     """``terminal.send``: write ``data`` to the terminal as typed keys."""
 
     terminal_id: TerminalId
     data: Annotated[bytes, msgspec.Meta(max_length=MAX_SEND)]
 
 
-class ResizeParams(_Message):
+class ResizeParams(Schema, kw_only=True):
     """``terminal.resize``: the new window size."""
 
     terminal_id: TerminalId
@@ -136,15 +126,26 @@ class ResizeParams(_Message):
     cols: Cols
 
 
-class WaitParams(_Message):
+class WaitParams(Schema, kw_only=True):
     """``terminal.wait``: wait for the program's exit, up to ``timeout`` (then its current info)."""
 
     terminal_id: TerminalId
     timeout: Seconds | None = None
 
 
-class CloseParams(_Message):
+class CloseParams(Schema, kw_only=True):
     """``terminal.close``: hang up (SIGHUP to the session), SIGKILL after ``grace`` seconds."""
 
     terminal_id: TerminalId
     grace: Seconds | None = None
+
+
+# -- the methods --------------------------------------------------------------
+OPEN: Final = Rpc("terminal.open", OpenParams, TerminalInfo)
+ATTACH: Final = Rpc("terminal.attach", AttachParams, AttachResult)
+SEND: Final = Rpc("terminal.send", SendParams, type(None))
+RESIZE: Final = Rpc("terminal.resize", ResizeParams, type(None))
+WAIT: Final = Rpc("terminal.wait", WaitParams, TerminalInfo)
+CLOSE: Final = Rpc("terminal.close", CloseParams, TerminalInfo)
+
+RPCS: Final = (OPEN, ATTACH, SEND, RESIZE, WAIT, CLOSE)

@@ -1,0 +1,205 @@
+"""The asyncio glue in process: client, bridge and execd's dispatch over an in-memory transport.
+
+No socket and no subprocess: :mod:`tests.support.memory_transport` joins a
+real :class:`~harnessd.client.ClientProtocol` to a real
+:class:`~execd.server.ServerProtocol` serving a small dispatch table, so
+sending, flow control, backpressure, cancellation, events and loss of the
+connection are exercised on the glue itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from execd.config import Config, Limits
+from execd.context import CallContext, Method, bind
+from execd.server import Server, ServerProtocol
+from harnessd.api import ExecdClient
+from harnessd.client import ClientProtocol
+from harnessd.errors import ConnectionLost, ProtocolViolation, UnknownMethod
+from protocol.connection import ClientConnection
+from protocol.errors import ErrorCode
+from protocol.rpc import Rpc, Schema, core
+from tests.conftest import eventually
+from tests.support.memory_transport import MemoryTransport, connect_pair
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = b"\x17" * 32
+WINDOW = 16 * 1024
+
+
+class Size(Schema):
+    size: int = 0
+
+
+class Topic(Schema):
+    topic: int
+    count: int
+
+
+DOWNLOAD = Rpc("test.download", Size, int)
+UPLOAD = Rpc("test.upload", Size, int)
+HANG = Rpc("test.hang", Size, type(None))
+PUSH = Rpc("test.push", Topic, int)
+
+
+@dataclass
+class Handlers:
+    """A small dispatch table, with what its handlers saw."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    send_failed: list[BaseException] = field(default_factory=list)
+
+    async def server_noop(self, params: core.NoParams, ctx: CallContext) -> None:
+        return None
+
+    async def server_echo(self, params: core.EchoParams, ctx: CallContext) -> bytes:
+        return params.data
+
+    async def test_download(self, params: Size, ctx: CallContext) -> int:
+        await ctx.send("data", b"d" * params.size, end=True)
+        return params.size
+
+    async def test_upload(self, params: Size, ctx: CallContext) -> int:
+        return sum([len(data) async for data in ctx.receive("data")])
+
+    async def test_hang(self, params: Size, ctx: CallContext) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def test_push(self, params: Topic, ctx: CallContext) -> int:
+        for n in range(params.count):
+            await ctx.push_event(params.topic, "tick", {"n": n})
+        return params.topic
+
+    def table(self) -> dict[str, Method]:
+        methods = bind(self, [core.NOOP, core.ECHO, DOWNLOAD, UPLOAD, HANG, PUSH])
+        return {method.name: method for method in methods}
+
+
+@dataclass
+class Wired:
+    client: ExecdClient
+    server: ServerProtocol
+    handlers: Handlers
+    to_server: MemoryTransport
+    to_client: MemoryTransport
+
+
+async def wire(*, high: int = 256 * 1024, cipher: str = "none") -> Wired:
+    handlers = Handlers()
+    config = Config(marker="m", limits=Limits(stream_window=WINDOW, max_frame=64 * 1024))
+    server = ServerProtocol(Server(config, TOKEN, handlers.table()))
+    conn = ClientConnection(TOKEN, window=WINDOW, max_frame=64 * 1024, ciphers=(cipher,))
+    proto = ClientProtocol(conn)
+    to_server, to_client = connect_pair(proto, server, high=high, piece=5000)
+    info = await proto.ready
+    return Wired(ExecdClient(proto, info, None), server, handlers, to_server, to_client)
+
+
+@pytest.fixture(params=["none", "chacha20-poly1305"])
+async def wired(request: pytest.FixtureRequest) -> AsyncIterator[Wired]:
+    pair = await wire(cipher=request.param)
+    try:
+        yield pair
+    finally:
+        await pair.client.close()
+
+
+async def test_calls_round_trip(wired: Wired) -> None:
+    await wired.client.noop()
+    assert await wired.client.echo(b"hi") == b"hi"
+    assert await wired.client.call(core.ECHO, core.EchoParams(data=b"x" * 40_000)) == b"x" * 40_000
+
+
+async def test_a_download_beyond_the_window_waits_for_credit(wired: Wired) -> None:
+    size = 10 * WINDOW + 7
+    handle = wired.client.start(DOWNLOAD, Size(size=size))
+    received = b"".join([data async for data in handle.stream("data")])
+    assert received == b"d" * size
+    assert await handle.result() == size
+    assert wired.server.conn.open_calls == 0 and wired.server._streams == {}
+
+
+async def test_an_upload_beyond_the_window_waits_for_credit(wired: Wired) -> None:
+    size = 10 * WINDOW + 3
+    handle = wired.client.start(UPLOAD, Size())
+    await handle.send("data", b"u" * size, end=True)
+    assert await handle.result() == size
+
+
+async def test_a_slow_transport_pauses_the_sender() -> None:
+    wired = await wire(high=4096)
+    try:
+        handle = wired.client.start(DOWNLOAD, Size(size=20 * WINDOW))
+        assert len(b"".join([data async for data in handle.stream("data")])) == 20 * WINDOW
+        assert await handle.result() == 20 * WINDOW
+        assert wired.to_client.pauses > 0
+    finally:
+        await wired.client.close()
+
+
+async def test_cancelling_the_caller_cancels_the_handler(wired: Wired) -> None:
+    task = asyncio.create_task(wired.client.call(HANG, Size()))
+    await wired.handlers.started.wait()
+    task.cancel()
+    await wired.handlers.cancelled.wait()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # execd still answers the cancelled call (CANCELLED); then nothing is in flight.
+    await eventually(lambda: wired.server.conn.open_calls == 0)
+    await eventually(lambda: wired.client._proto.client_conn.pending_calls == 0)
+
+
+async def test_events_reach_their_subscription(wired: Wired) -> None:
+    queue = wired.client.subscribe(7)
+    assert await wired.client.call(PUSH, Topic(topic=7, count=3)) == 7
+    events = [queue.get_nowait() for _ in range(3)]
+    assert [event.name if event else None for event in events] == ["tick"] * 3
+
+
+async def test_an_unknown_method_is_an_error_for_that_call_only(wired: Wired) -> None:
+    with pytest.raises(UnknownMethod):
+        await wired.client.call("no.such")
+    await wired.client.noop()
+
+
+async def test_losing_the_connection_fails_calls_and_handlers_alike(wired: Wired) -> None:
+    task = asyncio.create_task(wired.client.call(HANG, Size()))
+    await wired.handlers.started.wait()
+    wired.server.abort(None, code=ErrorCode.GOING_AWAY)
+    with pytest.raises(ConnectionLost):
+        await task
+    await wired.handlers.cancelled.wait()
+    assert wired.client.closed
+    with pytest.raises(ConnectionLost):
+        await wired.client.noop()
+    with pytest.raises(ConnectionLost):
+        await wired.server.send_stream(1, "data", b"x", end=True)
+
+
+async def test_garbage_from_the_client_closes_with_a_protocol_error(wired: Wired) -> None:
+    task = asyncio.create_task(wired.client.call(HANG, Size()))
+    await wired.handlers.started.wait()
+    wired.to_server.write(b"\x00\x00\x00\x01\xc1")
+    with pytest.raises((ProtocolViolation, ConnectionLost)):
+        await task
+    await eventually(lambda: wired.server.closed and wired.client.closed)
+
+
+async def test_a_stream_of_a_finished_call_ends_at_once(wired: Wired) -> None:
+    handle = wired.client.start(DOWNLOAD, Size(size=10))
+    assert await handle.result() == 10
+    late: list[Any] = [data async for data in handle.stream("never-bound")]
+    assert late == []
