@@ -7,6 +7,8 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 
+from protocol.rpc.resources import Limits as CommandLimits
+
 DEFAULT_MARKER_VAR = "EXECD_MARKER"
 LEDGER_PATH_VAR = "EXECD_LEDGER_DIR"
 
@@ -33,6 +35,8 @@ class Limits:
     watch_queue: int = 4096
     max_services: int = 64
     max_sessions: int = 64
+    command_limits: CommandLimits | None = None
+    """Default resource limits of every command; a call may lower them, never raise them."""
 
 
 @dataclass(frozen=True, slots=True)

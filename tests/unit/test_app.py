@@ -43,7 +43,17 @@ def test_execd_serves_exactly_the_declared_rpcs(table: dict[str, Method]) -> Non
     }
 
 
-NAMESPACES = ["files", "ledger", "server", "services", "session", "sessions", "shell", "watch"]
+NAMESPACES = [
+    "files",
+    "ledger",
+    "server",
+    "services",
+    "session",
+    "sessions",
+    "shell",
+    "terminal",
+    "watch",
+]
 
 
 @pytest.mark.parametrize("namespace", NAMESPACES)
@@ -73,4 +83,4 @@ def test_capabilities_are_built_on_their_first_call(
     assert app.methods.get("shell") is None
     assert len(app.capabilities) == 1
     app.methods.load_all()
-    assert len(app.capabilities) == 6
+    assert len(app.capabilities) == 7
