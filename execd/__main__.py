@@ -19,9 +19,13 @@ import os
 import sys
 from typing import NoReturn
 
+import msgspec
+
 from execd import marker
 from execd.app import Execd, StartupError, announce
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
+from protocol.rpc.resources import LIMIT_NAMES
+from protocol.rpc.resources import Limits as CommandLimits
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4
@@ -100,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-processes", type=int, default=_DEFAULTS.max_processes)
     parser.add_argument("--max-frame", type=int, default=_DEFAULTS.max_frame)
     parser.add_argument("--output-cap", type=int, default=_DEFAULTS.output_cap)
+    limit = parser.add_argument_group(
+        "command limits", "defaults for every command; a call may lower them, never raise them"
+    )
+    limit.add_argument("--limit-memory", type=int, metavar="BYTES")
+    limit.add_argument("--limit-cpu", type=float, metavar="SECONDS")
+    limit.add_argument("--limit-processes", type=int, metavar="N")
+    limit.add_argument("--limit-file-size", type=int, metavar="BYTES")
+    limit.add_argument("--limit-open-files", type=int, metavar="N")
     parser.add_argument(
         "--request-grace",
         type=float,
@@ -172,6 +184,7 @@ def _config(args: argparse.Namespace) -> Config:
         request_grace=args.request_grace,
         request_retention=args.request_retention,
         request_retention_bytes=args.request_retention_bytes,
+        command_limits=_command_limits(args),
     )
     return Config(
         host=args.host,
@@ -183,6 +196,15 @@ def _config(args: argparse.Namespace) -> Config:
         state_dir_fallback=fallback,
         limits=limits,
     )
+
+
+def _command_limits(args: argparse.Namespace) -> CommandLimits | None:
+    given = {name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES}
+    try:
+        limits = msgspec.convert({k: v for k, v in given.items() if v is not None}, CommandLimits)
+    except msgspec.ValidationError as exc:
+        raise StartupError(f"invalid command limit: {exc}", 2) from None
+    return None if limits.is_empty() else limits
 
 
 def _explicit_state_dir(path: str) -> str:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from execd import limits as command_limits
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method, bind
@@ -65,6 +66,10 @@ def build_capability(name: str, config: Config, base_env: dict[str, str]) -> Cap
         from execd.shell import ShellCapability
 
         return ShellCapability(config, base_env)
+    if name == "terminal":
+        from execd.terminal import TerminalCapability
+
+        return TerminalCapability(config, base_env)
     if name == "services":
         from execd.services import ServicesCapability
 
@@ -88,7 +93,7 @@ def build_capability(name: str, config: Config, base_env: dict[str, str]) -> Cap
     raise ValueError(f"no capability named {name!r}")
 
 
-CAPABILITIES = ("shell", "services", "sessions", "files", "watch", "ledger")
+CAPABILITIES = ("shell", "terminal", "services", "sessions", "files", "watch", "ledger")
 """Every capability, by the prefix of its method names, in the order they are closed."""
 
 
@@ -187,6 +192,7 @@ class Execd:
             cwd=os.getcwd(),
             ledger_dir=self.config.ledger_dir,
             methods=sorted(self.methods),
+            limits=command_limits.ResourceControl(self.config.limits.command_limits).info(),
         )
 
     async def session_close(self, params: CloseParams, ctx: CallContext) -> CloseReport:
@@ -207,6 +213,7 @@ class Execd:
         result = await marker.cleanup_async(
             self.config.marker_var, self.config.marker, timeout=timeout
         )
+        command_limits.sweep()
         return CloseReport(
             killed=result.killed,
             remaining=list(result.remaining),
@@ -242,6 +249,7 @@ class Execd:
         await self.server.stopping.wait()
         await self.server.close()
         report = await self.cleanup()
+        command_limits.sweep(final=True)
         reaper.reap()
         reaper.stop()
         log.info("shut down: %d processes killed, %d left", report.killed, len(report.remaining))

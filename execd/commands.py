@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from execd.config import Config
 from execd.errors import InvalidParams
+from execd.limits import ResourceControl
 from protocol.rpc.shell import MAX_TITLE
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ class CommandCapability:
     def __init__(self, config: Config, base_env: Mapping[str, str], name: str) -> None:
         self._config = config
         self._limits = config.limits
+        self._resources = ResourceControl(config.limits.command_limits)
         self._marker_var = config.marker_var
         self._base_env = dict(base_env)
         self._background = BackgroundTasks(name)

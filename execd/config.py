@@ -7,6 +7,8 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 
+from protocol.rpc.resources import Limits as CommandLimits
+
 DEFAULT_MARKER_VAR = "EXECD_MARKER"
 LEDGER_PATH_VAR = "EXECD_LEDGER_DIR"
 
@@ -36,6 +38,8 @@ class Limits:
     request_grace: float = 30.0
     request_retention: int = 4096
     request_retention_bytes: int = 64 * 1024 * 1024
+    command_limits: CommandLimits | None = None
+    """Default resource limits of every command; a call may lower them, never raise them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,7 @@ from execd.fit import encoded_size, ensure_fits, fit_list, result_budget
 from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile, tail_start, tail_text
 from execd.service_probes import Readiness, wait_ready
 from protocol.rpc import services as rpc
+from protocol.rpc.resources import Limits
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class _Spec:
     readiness: Readiness | None
     restart: rpc.RestartPolicy
     title: str
+    limits: Limits | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -177,6 +179,9 @@ class _Service:
         if inst is not None:
             info.pid = inst.child.pid
             info.started = inst.started
+            if inst.child.limits is not None:
+                info.limits = inst.child.limits.mechanisms  # type: ignore[assignment]
+                info.limit_exceeded = inst.child.limits.exceeded  # type: ignore[assignment]
             if inst.child.running:
                 info.uptime = max(0.0, time.monotonic() - inst.child.started)
         if self.finished is not None and not (inst is not None and inst.child.running):
@@ -262,6 +267,7 @@ class ServicesCapability(CommandCapability):
             readiness=Readiness.of(params.probe),
             restart=params.restart or rpc.RestartPolicy(),
             title=title_of(argv),
+            limits=params.limits,
         )
 
     def _make_room(self) -> None:
@@ -287,7 +293,13 @@ class ServicesCapability(CommandCapability):
     def _spawn_instance(self, rec: _Service) -> _Instance:
         spec = rec.spec
         offset = rec.log.size()
-        child = spawning.spawn(spec.argv, env=spec.env, cwd=spec.cwd)
+        plan = self._resources.plan(spec.limits)
+        try:
+            child = spawning.spawn(spec.argv, env=spec.env, cwd=spec.cwd, limits=plan)
+        except BaseException:
+            if plan is not None:
+                plan.release()
+            raise
         readers = (
             spawning.PipeReader(child.stdout, sink=rec.log.write),
             spawning.PipeReader(child.stderr, sink=rec.log.write),

@@ -251,6 +251,9 @@ class _Session:
         )
         if not self.alive:
             info.exit_code, info.signal = spawning.decode_status(self.child.exited.result())
+        if self.child.limits is not None:
+            info.limits = self.child.limits.mechanisms  # type: ignore[assignment]
+            info.limit_exceeded = self.child.limits.exceeded  # type: ignore[assignment]
         return info
 
 
@@ -426,11 +429,18 @@ class SessionsCapability(CommandCapability):
             if directory:
                 shutil.rmtree(directory, ignore_errors=True)
             raise from_oserror(exc) from None
+        plan = None
         try:
+            plan = self._resources.plan(params.limits)
             child = spawning.spawn(
-                [SHELL, "-c", _DRIVER, "execd-session", directory], env=env, cwd=params.cwd
+                [SHELL, "-c", _DRIVER, "execd-session", directory],
+                env=env,
+                cwd=params.cwd,
+                limits=plan,
             )
         except BaseException:
+            if plan is not None:
+                plan.release()
             for fd in fds:
                 os.close(fd)
             shutil.rmtree(directory, ignore_errors=True)

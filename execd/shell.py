@@ -89,6 +89,8 @@ class _Outcome:
     timed_out: bool
     idle_out: bool
     pipes_held_open: bool
+    limit_exceeded: str | None = None
+    limits: dict[str, str] | None = None
 
     def exit(self) -> tuple[int | None, int | None]:
         return spawning.decode_status(self.status)
@@ -219,12 +221,15 @@ class _Command:
             await self._ctx.send(rpc.STDOUT_STREAM, b"", end=True)
             await self._ctx.send(rpc.STDERR_STREAM, b"", end=True)
         child = self.child
+        plan = child.limits
         return _Outcome(
             status=child.exited.result(),
             duration=max(0.0, child.ended - child.started),
             timed_out=reason == "timeout",
             idle_out=reason == "idle",
             pipes_held_open=held,
+            limit_exceeded=plan.exceeded if plan is not None else None,
+            limits=plan.mechanisms if plan is not None else None,  # type: ignore[arg-type]
         )
 
     async def _wait_exit(self) -> str | None:
@@ -328,6 +333,8 @@ class _Detached:
             info.timed_out = self.outcome.timed_out
             info.idle_out = self.outcome.idle_out
             info.pipes_held_open = self.outcome.pipes_held_open
+            info.limit_exceeded = self.outcome.limit_exceeded  # type: ignore[assignment]
+            info.limits = self.outcome.limits  # type: ignore[assignment]
         return info
 
 
@@ -397,12 +404,19 @@ class ShellCapability(CommandCapability):
                 {"limit": self._limits.max_processes},
             )
         env = command_environment(self._base_env, (self._marker_var,), params.env, params.unset)
-        child = spawning.spawn(
-            argv,
-            env=env,
-            cwd=params.cwd,
-            stdin_pipe=params.stdin is not None or params.stdin_stream,
-        )
+        plan = self._resources.plan(params.limits)
+        try:
+            child = spawning.spawn(
+                argv,
+                env=env,
+                cwd=params.cwd,
+                stdin_pipe=params.stdin is not None or params.stdin_stream,
+                limits=plan,
+            )
+        except BaseException:
+            if plan is not None:
+                plan.release()
+            raise
         self._live += 1
         child.exited.add_done_callback(self._reaped)
         return child
@@ -462,6 +476,8 @@ class ShellCapability(CommandCapability):
             idle_out=outcome.idle_out,
             duration=outcome.duration,
             pipes_held_open=outcome.pipes_held_open,
+            limit_exceeded=outcome.limit_exceeded,  # type: ignore[arg-type]
+            limits=outcome.limits,  # type: ignore[arg-type]
         )
         if buffers is not None:
             # Both captures share what the reply frame leaves beside the other fields.

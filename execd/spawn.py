@@ -63,10 +63,13 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execd import procfs, reaper, spawn_at
 from execd.errors import InvalidParams, SpawnFailed
+
+if TYPE_CHECKING:
+    from execd.limits import Plan
 
 READ_SIZE = 64 * 1024
 """Bytes asked of ``os.read`` per readable event."""
@@ -120,6 +123,7 @@ class Child:
         "_waiters",
         "ended",
         "exited",
+        "limits",
         "pid",
         "started",
         "stderr",
@@ -148,6 +152,7 @@ class Child:
         self.started = started
         self.ended = started
         self.exited: asyncio.Future[int] = loop.create_future()
+        self.limits: Plan | None = None
         self._waiters: list[asyncio.Future[int]] = []
         loop.add_reader(pidfd, self._on_pidfd)
 
@@ -273,6 +278,19 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
         denied = True
     code = errno.EACCES if denied else errno.ENOENT
     raise _spawn_error(OSError(code, os.strerror(code), name), name, None)
+
+
+def check_program(name: str, env: Mapping[str, str], cwd: str | None) -> None:
+    """Refuse a program file that does not exist or cannot be executed.
+
+    For a start through a shell prelude, which would only report a missing
+    program as exit status 127; raises :class:`SpawnFailed` as a direct
+    spawn would.
+    """
+    path = os.path.join(cwd or "", resolve_program(name, env))
+    if not os.access(path, os.X_OK):
+        code = errno.ENOENT if not os.path.exists(path) else errno.EACCES
+        raise _spawn_error(OSError(code, os.strerror(code), name), name, None)
 
 
 def _high_fd(fd: int) -> int:
@@ -418,8 +436,11 @@ def spawn(
     env: Mapping[str, str],
     cwd: str | None = None,
     stdin_pipe: bool = False,
+    limits: Plan | None = None,
 ) -> Child:
     """Start ``argv`` in a new session with piped stdout/stderr.
+
+    With ``limits`` the command starts behind their prelude (:mod:`execd.limits`).
 
     ``argv[0]`` is searched in the ``PATH`` of ``env``. stdin is a pipe when
     ``stdin_pipe`` is true, otherwise ``/dev/null``. Must be called from a
@@ -435,6 +456,9 @@ def spawn(
     argv = list(argv)
     if "\0" in argv[0]:
         raise InvalidParams("the program name contains a NUL")
+    if limits is not None:
+        check_program(argv[0], env, cwd)
+        argv = limits.wrap(argv)
     fds: list[int] = []
     try:
         out_r, out_w = _pipe()
@@ -486,7 +510,10 @@ def spawn(
             if fd >= 0:
                 os.close(fd)
         raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
-    return Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+    child = Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+    if limits is not None:
+        limits.attach(child)
+    return child
 
 
 async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM) -> None:
@@ -657,3 +684,23 @@ async def write_all(fd: int, data: bytes | memoryview) -> bool:
             return False
         view = view[written:]
     return True
+
+
+# -- for other spawners (terminals) ------------------------------------------------
+
+DEFAULT_SIGNALS = _DEFAULT_SIGNALS
+spawn_error = _spawn_error
+make_inherited_fds_close_on_exec = _sweep_inherited_fds
+
+
+def watch(pid: int, started: float) -> Child:
+    """A :class:`Child` for a process spawned elsewhere (no pipes), already tracked."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        reaper.untrack(pid)
+        raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
+    return Child(asyncio.get_running_loop(), started, pid, None, pidfd, None, -1, -1)

@@ -8,25 +8,24 @@ flow-controlled chunks, so neither side holds more than a window at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import BinaryIO, Generic, TypeVar
-
-import msgspec
 
 from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
+from harnessd.api_watch import WatchClient
 from harnessd.client import CallHandle, open_connection
-from harnessd.errors import LocalFileError, ProtocolViolation, RemoteError
+from harnessd.errors import LocalFileError, ProtocolViolation
 from harnessd.opening import Opening
+from harnessd.terminal import TerminalsClient
 from protocol import limits
 from protocol.handshake import token_bytes
 from protocol.rpc import core, files, ledger, shell
-from protocol.rpc import watch as watch_rpc
+from protocol.rpc.resources import Limits, as_limits
 
 R = TypeVar("R")
 _NO_PARAMS = core.NoParams()
@@ -60,7 +59,7 @@ def _open_for_upload(local_path: str) -> BinaryIO:
         raise
 
 
-class ExecdClient(ServicesClient):
+class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
     """An authenticated connection to execd with one typed method per RPC."""
 
     # -- core ------------------------------------------------------------------
@@ -106,8 +105,13 @@ class ExecdClient(ServicesClient):
         output_cap: int | None = None,
         drain_grace: float | None = None,
         kill_grace: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> shell.RunResult:
-        """Run a command (``argv``, or ``command`` through ``/bin/sh -c``) and collect its output."""
+        """Run a command (``argv``, or ``command`` through ``/bin/sh -c``) and collect its output.
+
+        ``limits``: resource limits (``{"memory": 256 << 20, "cpu": 1.0}`` or a
+        :class:`~protocol.rpc.resources.Limits`); the result's ``limit_exceeded`` names one hit.
+        """
         params = shell.RunParams(
             argv=argv,
             command=command,
@@ -120,6 +124,7 @@ class ExecdClient(ServicesClient):
             output_cap=output_cap,
             drain_grace=drain_grace,
             kill_grace=kill_grace,
+            limits=as_limits(limits),
         )
         return await self.call(shell.RUN, params)
 
@@ -136,6 +141,7 @@ class ExecdClient(ServicesClient):
         idle_timeout: float | None = None,
         drain_grace: float | None = None,
         kill_grace: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> RunningCommand[shell.RunResult]:
         """Start a command whose output streams live; see :class:`RunningCommand`."""
         params = shell.RunParams(
@@ -150,6 +156,7 @@ class ExecdClient(ServicesClient):
             drain_grace=drain_grace,
             kill_grace=kill_grace,
             stream=True,
+            limits=as_limits(limits),
         )
         return RunningCommand(self, self.start(shell.RUN, params))
 
@@ -161,10 +168,17 @@ class ExecdClient(ServicesClient):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> shell.RunResult:
         """Start a command that outlives this connection; the result carries its command_id."""
         params = shell.RunParams(
-            argv=argv, command=command, cwd=cwd, env=env, timeout=timeout, detached=True
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            detached=True,
+            limits=as_limits(limits),
         )
         return await self.call(shell.RUN, params)
 
@@ -420,39 +434,6 @@ class ExecdClient(ServicesClient):
         """SHA-256 of a workspace file, computed in the workspace."""
         return await self.call(files.SHA256, files.Sha256Params(path=path))
 
-    # -- watches ---------------------------------------------------------------
-
-    async def watch(
-        self,
-        path: str,
-        *,
-        recursive: bool = False,
-        events: list[str] | None = None,
-        debounce: float = 0.0,
-        follow: bool = True,
-    ) -> PathWatch:
-        """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
-        params = watch_rpc.SubscribeParams(
-            path=path,
-            recursive=recursive,
-            events=events,  # type: ignore[arg-type]
-            debounce=debounce,
-            follow=follow,
-        )
-        result = await self.call(watch_rpc.SUBSCRIBE, params)
-        return PathWatch(self, result)
-
-    async def wait_for_path(
-        self, path: str, *, condition: str = "exists", timeout: float = 30.0
-    ) -> watch_rpc.WaitForPathResult:
-        """Block until ``path`` meets ``condition`` (exists, absent, file, dir, nonempty)."""
-        params = watch_rpc.WaitForPathParams(
-            path=path,
-            condition=condition,  # type: ignore[arg-type]
-            timeout=timeout,
-        )
-        return await self.call(watch_rpc.WAIT_FOR_PATH, params)
-
     # -- ledger ----------------------------------------------------------------
 
     async def ledger_head(self, session: str) -> ledger.LedgerHead:
@@ -530,50 +511,6 @@ class ExecdClient(ServicesClient):
     def inline_limit(self) -> int:
         """Largest payload sent inline in one call; bigger ones are streamed."""
         return max(4096, self.info.peer_max_frame // 2)
-
-
-class PathWatch:
-    """A live subscription: iterate ``(kind, event)`` pairs until it ends."""
-
-    def __init__(self, client: ExecdClient, result: watch_rpc.SubscribeResult) -> None:
-        self._client = client
-        self.watch_id = result.watch_id
-        self.result = result
-        self._queue = client.subscribe(result.watch_id)
-        self.ended = False
-
-    async def next(self, timeout: float | None = None) -> tuple[str, watch_rpc.WatchEvent]:
-        """The next event; raises TimeoutError, or StopAsyncIteration once ended."""
-        if self.ended:
-            raise StopAsyncIteration
-        async with asyncio.timeout(timeout):
-            event = await self._queue.get()
-        if event is None:
-            self.ended = True
-            raise StopAsyncIteration
-        data = msgspec.msgpack.decode(event.data, type=watch_rpc.WatchEvent)
-        if event.name == "ended":
-            self.ended = True
-            self._client.unsubscribe(self.watch_id)
-        return event.name, data
-
-    def __aiter__(self) -> PathWatch:
-        return self
-
-    async def __anext__(self) -> tuple[str, watch_rpc.WatchEvent]:
-        return await self.next()
-
-    async def close(self) -> None:
-        """Unsubscribe (idempotent)."""
-        if self.ended or self._client.closed:
-            self._client.unsubscribe(self.watch_id)
-            return
-        with contextlib.suppress(RemoteError):
-            await self._client.call(
-                watch_rpc.UNSUBSCRIBE, watch_rpc.UnsubscribeParams(watch_id=self.watch_id)
-            )
-        self._client.unsubscribe(self.watch_id)
-        self.ended = True
 
 
 class RunningCommand(Generic[R]):

@@ -16,10 +16,11 @@ these methods are available on every client ``harnessd.connect`` returns::
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 from harnessd.client import Client
 from protocol.rpc import services, sessions
+from protocol.rpc.resources import Limits, as_limits
 
 
 class ServicesClient(Client):
@@ -39,6 +40,7 @@ class ServicesClient(Client):
         log: str | None = None,
         probe: services.Probe | None = None,
         restart: services.RestartPolicy | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> services.ServiceInfo:
         """Start a service (``argv``, or ``command`` through ``/bin/sh -c``); return once ready.
 
@@ -56,6 +58,7 @@ class ServicesClient(Client):
             log=log,
             probe=probe,
             restart=restart,
+            limits=as_limits(limits),
         )
         return await self.call(services.START, params)
 
@@ -128,9 +131,12 @@ class ServicesClient(Client):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         unset: list[str] | None = None,
+        limits: Limits | Mapping[str, float] | None = None,
     ) -> sessions.SessionInfo:
-        """Open a persistent shell named ``name``."""
-        params = sessions.OpenParams(name=name, cwd=cwd, env=env, unset=unset)
+        """Open a persistent shell named ``name`` (``limits`` bound it and all it runs)."""
+        params = sessions.OpenParams(
+            name=name, cwd=cwd, env=env, unset=unset, limits=as_limits(limits)
+        )
         return await self.call(sessions.OPEN, params)
 
     async def session_run(

@@ -64,6 +64,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--port", type=port_number, required=True, help="1-65535")
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument("-i", "--interactive", action="store_true", help="forward stdin")
+    parser.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run the command on a terminal when stdin is one (raw mode here, like ssh -t)",
+    )
     parser.add_argument("--cwd", help="working directory in the workspace")
     parser.add_argument(
         "--timeout",
@@ -160,6 +166,10 @@ async def run_exec(args: argparse.Namespace) -> int:
     forwarding: set[asyncio.Task[None]] = set()
     received: list[int] = []
     try:
+        if args.tty and sys.stdin is not None and os.isatty(sys.stdin.fileno()):
+            from harnessd.cli_tty import run_terminal
+
+            return await run_terminal(client, argv, args.cwd)
         command = client.run_streaming(
             argv, cwd=args.cwd, timeout=args.timeout, stdin_stream=bool(args.interactive)
         )

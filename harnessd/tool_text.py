@@ -109,6 +109,8 @@ def format_run(result: shell.RunResult, exec_cap: int | None = None) -> str:
         status = f"killed by signal {result.signal}"
     else:
         status = f"exit code {result.exit_code}"
+    if result.limit_exceeded is not None:
+        status += f"; stopped by its {result.limit_exceeded} limit"
     return _with_streams(status, result, exec_cap)
 
 

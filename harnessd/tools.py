@@ -42,6 +42,7 @@ import msgspec
 from harnessd.api import ExecdClient
 from harnessd.errors import HarnessError, SessionBusy
 from harnessd.models import ToolCall, ToolSpec
+from harnessd.terminal import Terminal
 from harnessd.tool_text import (
     HeadTail,
     ToolFailed,
@@ -53,6 +54,7 @@ from harnessd.tool_text import (
     truncate,
 )
 from protocol.rpc import services, sessions, shell
+from protocol.rpc.resources import Limits
 
 MAX_PATH = 4096
 MAX_COMMAND = 1024 * 1024
@@ -309,6 +311,8 @@ class ToolConfig:
     list_limit: int = 1000
     probe_timeout: float = 30.0
     cancel_grace: float = 5.0
+    limits: Limits | None = None
+    """Resource limits of every command the shell and terminal tools start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +353,7 @@ class Toolbox:
         self.opened_sessions: set[str] = set()
         self.started_services: set[str] = set()
         self._interrupted: set[str] = set()
+        self.terminals: dict[str, Terminal] = {}
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -389,7 +394,10 @@ class Toolbox:
         )
 
     async def close(self) -> None:
-        """Close the persistent shell sessions and stop the services this toolbox started."""
+        """Close the persistent shell sessions and terminals, stop the services it started."""
+        from harnessd.tools_terminal import close_terminals
+
+        await close_terminals(self)
         client = self._client()
         for name in sorted(self.opened_sessions):
             with contextlib.suppress(HarnessError):
@@ -437,6 +445,7 @@ class Toolbox:
             cwd=self._cwd(args.cwd),
             timeout=self._timeout(args.timeout),
             output_cap=cap,
+            limits=self.config.limits,
         )
         handle = self._client().start(shell.RUN, params)
         try:
@@ -454,7 +463,10 @@ class Toolbox:
     ) -> str:
         """The shell tool with live output: each chunk to ``output``, a bounded copy kept."""
         running = self._client().run_streaming(
-            command=args.command, cwd=self._cwd(args.cwd), timeout=self._timeout(args.timeout)
+            command=args.command,
+            cwd=self._cwd(args.cwd),
+            timeout=self._timeout(args.timeout),
+            limits=self.config.limits,
         )
         kept = {shell.STDOUT_STREAM: HeadTail(cap), shell.STDERR_STREAM: HeadTail(cap)}
         try:
@@ -583,6 +595,8 @@ class Toolbox:
             self.opened_sessions.discard(name)
         return format_session_run(result, cap)
 
+
+from harnessd import tools_terminal  # noqa: E402, F401 - registers the terminal tools
 
 TOOL_SPECS: tuple[ToolSpec, ...] = tuple(entry.spec for entry in TOOLS.values())
 """What the model is offered, in order."""

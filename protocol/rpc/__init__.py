@@ -3,7 +3,8 @@
 One module per capability (:mod:`~protocol.rpc.core`, :mod:`~protocol.rpc.files`,
 :mod:`~protocol.rpc.shell`, :mod:`~protocol.rpc.services`,
 :mod:`~protocol.rpc.sessions`, :mod:`~protocol.rpc.watch`,
-:mod:`~protocol.rpc.ledger`, :mod:`~protocol.rpc.requests`) holds the Structs of its methods and, at its end,
+:mod:`~protocol.rpc.ledger`, :mod:`~protocol.rpc.terminal`, :mod:`~protocol.rpc.requests`; limits in
+:mod:`~protocol.rpc.resources`) holds the Structs of its methods and, at its end,
 one :class:`Rpc` per method. Both ends use those declarations and nothing
 else: execd binds each to the handler named after it
 (``execd.context.bind``; a test holds the handler's annotations to the
@@ -66,7 +67,17 @@ class Rpc(Generic[P, R]):
 
 def all_rpcs() -> tuple[Rpc[Any, Any], ...]:
     """Every RPC declared here, capability by capability."""
-    from protocol.rpc import core, files, ledger, requests, services, sessions, shell, watch
+    from protocol.rpc import (
+        core,
+        files,
+        ledger,
+        requests,
+        services,
+        sessions,
+        shell,
+        terminal,
+        watch,
+    )
 
-    modules = (core, files, shell, ledger, services, sessions, watch, requests)
+    modules = (core, files, shell, ledger, services, sessions, watch, terminal, requests)
     return tuple(rpc for module in modules for rpc in module.RPCS)

@@ -7,6 +7,7 @@ from typing import Annotated, Final
 import msgspec
 
 from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitsInfo
 
 
 class NoParams(Schema):
@@ -31,6 +32,8 @@ class ServerInfo(Schema):
     cwd: str
     ledger_dir: str
     methods: list[str]
+    #: execd's default command limits and how each limit is enforced.
+    limits: LimitsInfo | None = None
 
 
 class CloseParams(Schema):

@@ -78,6 +78,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 LOG_STREAM: Final = "log"
 """The stream a following ``services.logs`` sends the log's bytes on."""
@@ -197,6 +198,8 @@ class StartParams(Schema):
     log: Path | None = None
     probe: Probe | None = None
     restart: RestartPolicy | None = None
+    #: Resource limits of every instance (``protocol.rpc.resources``).
+    limits: Limits | None = None
 
 
 class RestartParams(Schema):
@@ -230,6 +233,9 @@ class ServiceInfo(Schema):
     ready: bool = False
     log_size: int = 0
     error: str | None = None
+    #: The limit that ended the latest instance, where it can be told; how each limit is enforced.
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 # -- status / list / stop -----------------------------------------------------------------

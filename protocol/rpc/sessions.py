@@ -61,6 +61,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a session name looks like."""
@@ -94,6 +95,8 @@ class OpenParams(Schema):
     cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
     env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
     unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    #: Resource limits of the shell and everything it runs (``protocol.rpc.resources``).
+    limits: Limits | None = None
 
 
 class SessionInfo(Schema):
@@ -112,6 +115,8 @@ class SessionInfo(Schema):
     commands: Count = 0
     exit_code: int | None = None
     signal: int | None = None
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 class RunParams(Schema):

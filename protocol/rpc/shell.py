@@ -29,6 +29,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
+from protocol.rpc.resources import LimitName, Limits, Mechanism
 
 STDOUT_STREAM: Final = "stdout"
 STDERR_STREAM: Final = "stderr"
@@ -107,6 +108,7 @@ class RunParams(Schema):
     drain_grace: Seconds | None = None
     kill_grace: Seconds | None = None
     detached: bool = False
+    limits: Limits | None = None
 
 
 class RunResult(Schema):
@@ -136,6 +138,10 @@ class RunResult(Schema):
     stderr_dropped: Count = 0
     pipes_held_open: bool = False
     command_id: str | None = None
+    #: The limit that ended the command, where it can be told (``protocol.rpc.resources``).
+    limit_exceeded: LimitName | None = None
+    #: How each limit of the command was enforced.
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 # -- shell.signal ----------------------------------------------------------------
@@ -190,6 +196,8 @@ class CommandInfo(Schema):
     stderr_bytes: Count = 0
     pipes_held_open: bool = False
     attached: bool = False
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 class ListParams(Schema):

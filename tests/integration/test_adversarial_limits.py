@@ -490,6 +490,41 @@ async def case_watch_subscribe(c: Clients) -> None:
             sub.chmod(0o700)
 
 
+WIDE_TITLE = "echo done # " + "\U0001f600" * 1010
+"""A command whose title, four bytes a character, leaves no room in a 4096-byte frame."""
+
+
+async def case_terminal_open(c: Clients) -> None:
+    await too_large(c.small.call("terminal.open", {"command": WIDE_TITLE}))
+
+
+async def case_terminal_wait(c: Clients) -> None:
+    opened = await c.big.call("terminal.open", {"command": WIDE_TITLE[:1000]})
+    terminal_id = opened["terminal_id"]
+    await too_large(c.small.call("terminal.wait", {"terminal_id": terminal_id, "timeout": 5}))
+    final = await c.big.call("terminal.wait", {"terminal_id": terminal_id, "timeout": 30})
+    assert final["state"] == "exited" and final["exit_code"] == 0
+
+
+async def case_terminal_attach(c: Clients) -> None:
+    opened = await c.big.call("terminal.open", {"command": WIDE_TITLE[:1000]})
+    terminal_id = opened["terminal_id"]
+    await too_large(c.small.call("terminal.attach", {"terminal_id": terminal_id}))
+    final = await c.big.call("terminal.wait", {"terminal_id": terminal_id, "timeout": 30})
+    assert final["state"] == "exited" and final["exit_code"] == 0
+
+
+async def case_terminal_close(c: Clients) -> None:
+    opened = await c.big.call("terminal.open", {"command": "sleep 300 # " + WIDE_TITLE[12:1000]})
+    terminal_id = opened["terminal_id"]
+    await too_large(c.small.call("terminal.close", {"terminal_id": terminal_id}))
+    # Refused before acting: the program still runs until the big client closes it.
+    running = await c.big.call("terminal.wait", {"terminal_id": terminal_id, "timeout": 0})
+    assert running["state"] == "running"
+    closed = await c.big.call("terminal.close", {"terminal_id": terminal_id})
+    assert closed["state"] == "exited"
+
+
 GROWING: dict[str, Callable[[Clients], Awaitable[None]]] = {
     "server.echo": case_echo,
     "server.info": case_info,
@@ -515,6 +550,10 @@ GROWING: dict[str, Callable[[Clients], Awaitable[None]]] = {
     "sessions.list": case_sessions_list,
     "watch.subscribe": case_watch_subscribe,
     "request.attach": case_request_attach,
+    "terminal.open": case_terminal_open,
+    "terminal.wait": case_terminal_wait,
+    "terminal.attach": case_terminal_attach,
+    "terminal.close": case_terminal_close,
 }
 """Methods whose result grows with data (a path, a list, output), each with its case."""
 
@@ -535,6 +574,8 @@ FIXED: frozenset[str] = frozenset(
         "sessions.interrupt",
         "watch.unsubscribe",
         "watch.wait_for_path",
+        "terminal.send",
+        "terminal.resize",
     }
 )
 """Methods whose result has a bounded size, far below the smallest frame cap."""

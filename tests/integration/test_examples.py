@@ -120,3 +120,10 @@ def test_verifiers_runtime(tmp_path: Path) -> None:
     )
     # stop() took the background server with it.
     assert wait_until_none_mention("echo ready; sleep 600", 10.0) == []
+
+
+def test_limits_and_terminals(tmp_path: Path) -> None:
+    done = run_example("limits_and_terminals.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "stopped by its cpu limit (signal 24)" in done.stdout
+    assert done.stdout.endswith("limits and terminals: ok\n")

@@ -52,6 +52,7 @@ NAMESPACES = [
     "session",
     "sessions",
     "shell",
+    "terminal",
     "watch",
 ]
 
@@ -84,4 +85,4 @@ def test_capabilities_are_built_on_their_first_call(
     assert app.methods.get("shell") is None
     assert len(app.capabilities) == 1
     app.methods.load_all()
-    assert len(app.capabilities) == 6
+    assert len(app.capabilities) == 7

@@ -46,6 +46,11 @@ def value_of(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.booleans()
     if kind == "object":
         return object_of(schema)
+    if kind == "array":
+        high = min(schema.get("maxItems", 8), 8)
+        return st.lists(
+            value_of(schema["items"]), min_size=schema.get("minItems", 0), max_size=high
+        )
     raise AssertionError(f"the test does not know schema type {kind!r}")
 
 
@@ -84,6 +89,8 @@ def smallest(schema: dict[str, Any]) -> Any:
         return schema.get("minimum", 0)
     if kind == "boolean":
         return False
+    if kind == "array":
+        return []
     return minimal(schema)
 
 
@@ -110,8 +117,13 @@ def bad_values(schema: dict[str, Any]) -> list[tuple[str, Any]]:
         "number": "5",
         "boolean": 1,
         "object": ["not", "an", "object"],
+        "array": "not an array",
     }
     out: list[tuple[str, Any]] = [("wrong type", wrong_type[kind])]
+    if kind == "array":
+        out += [(f"item {why}", [bad]) for why, bad in bad_values(schema["items"])]
+        if "maxItems" in schema:
+            out.append(("too many items", [smallest(schema["items"])] * (schema["maxItems"] + 1)))
     if "enum" in schema:
         out.append(("not in the enum", "zz-not-an-option"))
     if kind == "integer":
@@ -167,7 +179,7 @@ def test_schemas_are_plain_and_described(name: str) -> None:
 
 def test_every_tool_is_declared_once_and_offered() -> None:
     assert [spec.name for spec in TOOL_SPECS] == list(TOOLS)
-    assert len(TOOLS) == 9
+    assert len(TOOLS) == 13
     for name, entry in TOOLS.items():
         assert entry.spec.parameters == parameters_schema(entry.args)
         assert entry.spec.name == name

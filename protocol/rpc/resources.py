@@ -1,0 +1,87 @@
+"""Resource limits of one command: the ``limits`` of every call that starts one.
+
+Every way to start a command (``shell.run`` collected, streaming or detached,
+``services.start``, ``sessions.open``, ``terminal.open``) takes ``limits``, a
+:class:`Limits` map. They apply before the command's first instruction and
+to everything it starts. execd may have defaults of its own (command-line
+flags); a call may lower them, never raise them (``INVALID_PARAMS`` with the
+limit named in ``data``).
+
+How each limit is enforced (:data:`Mechanism`, reported in ``server.info``
+and in every result that carries a verdict):
+
+* ``memory``: the v1 ``memory`` controller's ``memory.limit_in_bytes`` in a
+  cgroup of the command's own when execd may create one, else
+  ``RLIMIT_AS`` (address space: allocations fail, the program decides what
+  happens next);
+* ``processes``: the v1 ``pids`` controller's ``pids.max`` when available,
+  else ``RLIMIT_NPROC`` (which counts every process of execd's user, and does
+  not bind root: as root without a writable pids controller the limit is
+  refused with ``NOT_SUPPORTED`` rather than silently not enforced);
+* ``cpu``: ``RLIMIT_CPU`` (seconds, rounded up; per process), SIGXCPU at the
+  limit and SIGKILL one second later;
+* ``file_size``: ``RLIMIT_FSIZE`` (bytes, rounded down to 512), SIGXFSZ;
+* ``open_files``: ``RLIMIT_NOFILE``.
+
+``limit_exceeded`` in a result names the limit that ended (or, for
+``processes``, stopped a fork of) the command where it can be told: SIGXCPU
+(or a shell's exit status 152) is ``cpu``, SIGXFSZ (153) is ``file_size``, a
+cgroup OOM kill is ``memory``, a refused fork in a pids cgroup is
+``processes``. It cannot be told for ``RLIMIT_AS`` (an allocation merely
+fails), ``RLIMIT_NPROC`` (a fork merely fails) or ``open_files`` (an open
+merely fails): the command then ends as the program decides and the field
+stays empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from protocol.rpc import Schema
+
+LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
+LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
+Mechanism = Literal["cgroup-v1", "rlimit", "unavailable"]
+
+MAX_BYTES: Final = 2**62
+MAX_CPU: Final = 30 * 24 * 3600.0
+MAX_COUNT: Final = 2**22
+
+
+class Limits(Schema, kw_only=True, forbid_unknown_fields=True):
+    """Bounds on one command and everything it starts; None: no bound from this call.
+
+    ``memory`` and ``file_size`` in bytes, ``cpu`` in CPU seconds,
+    ``processes`` and ``open_files`` as counts. Unknown names are refused
+    (a limit the daemon does not know must not be silently ignored).
+    """
+
+    memory: Annotated[int, msgspec.Meta(ge=1 << 20, le=MAX_BYTES)] | None = None
+    cpu: Annotated[float, msgspec.Meta(gt=0, le=MAX_CPU)] | None = None
+    processes: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] | None = None
+    file_size: Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)] | None = None
+    open_files: Annotated[int, msgspec.Meta(ge=3, le=MAX_COUNT)] | None = None
+
+    def is_empty(self) -> bool:
+        """Whether no limit is set."""
+        return all(getattr(self, name) is None for name in LIMIT_NAMES)
+
+
+class LimitsInfo(Schema, kw_only=True):
+    """``server.info``: the daemon's default limits and how each limit is enforced."""
+
+    mechanisms: dict[LimitName, Mechanism]
+    defaults: Limits | None = None
+
+
+def as_limits(value: Limits | Mapping[str, float] | None) -> Limits | None:
+    """``value`` as :class:`Limits` (a mapping such as ``{"memory": 256 << 20}`` is converted).
+
+    Raises ``msgspec.ValidationError`` for unknown names or values out of range.
+    """
+    if value is None or isinstance(value, Limits):
+        return value
+    return msgspec.convert(dict(value), Limits)

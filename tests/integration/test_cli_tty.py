@@ -1,0 +1,137 @@
+"""``harnessd exec -it`` driven from a real pseudo-terminal on the harness side."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import eventually_blocking
+from tests.support.daemon import RunningExecd, start_execd
+
+
+@pytest.fixture
+def execd(tmp_path: Path) -> Iterator[RunningExecd]:
+    with start_execd(tmp_path) as daemon:
+        yield daemon
+
+
+def _start(execd: RunningExecd, *argv: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    master, slave = pty.openpty()
+    env = dict(os.environ, EXECD_TOKEN=execd.token, TERM="xterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harnessd", "exec", "-it", "--port", str(execd.port), "--", *argv],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    return proc, master, slave
+
+
+def _read_until(master: int, wanted: bytes, timeout: float = 20.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    os.set_blocking(master, False)
+    while wanted not in seen:
+        assert time.monotonic() < deadline, f"{wanted!r} not seen in {seen!r}"
+        try:
+            seen += os.read(master, 4096)
+        except BlockingIOError:
+            time.sleep(0.01)
+    return seen
+
+
+def test_exec_it_restores_the_local_terminal_and_returns_the_status(execd: RunningExecd) -> None:
+    proc, master, slave = _start(execd, "sh")
+    before = termios.tcgetattr(slave)
+    try:
+        # Raw mode here: the local line discipline no longer echoes or cooks.
+        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        os.write(master, b"tty; stty size; exit 7\r")
+        output = _read_until(master, b"exit 7")
+        assert proc.wait(timeout=30) == 7
+        output += _drain(master)
+        assert b"/dev/pts/" in output
+        assert termios.tcgetattr(slave) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
+
+
+def test_exec_it_ctrl_c_reaches_the_remote_program(execd: RunningExecd) -> None:
+    proc, master, slave = _start(execd, "sh", "-c", "sleep 30; echo after-$?")
+    before = termios.tcgetattr(slave)
+    try:
+        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        # Ctrl-C reaches the remote sleep once it runs (before, it would be typed-ahead input).
+        eventually_blocking(_remote_sleep_running, what="remote sleep running")
+        os.write(master, b"\x03")
+        status = proc.wait(timeout=30)
+        assert status in (130, 0), status
+        assert termios.tcgetattr(slave) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
+
+
+def _remote_sleep_running() -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x0030\x00":
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _drain(master: int) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except (BlockingIOError, OSError):
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.mark.parametrize("way_out", ["sigterm", "lost connection"])
+def test_exec_it_restores_the_terminal_on_every_way_out(execd: RunningExecd, way_out: str) -> None:
+    proc, master, slave = _start(execd, "sh")
+    before = termios.tcgetattr(slave)
+    try:
+        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        os.write(master, b"echo ready-$((6*7))\r")
+        _read_until(master, b"ready-42")
+        if way_out == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        else:
+            execd.proc.kill()
+            execd.proc.wait()
+            assert proc.wait(timeout=30) == 255
+        assert termios.tcgetattr(slave) == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
