@@ -187,7 +187,11 @@ def test_a_cancelled_run_records_its_end_in_the_ledger_and_the_trace(tmp_path: P
             task = asyncio.create_task(agent.run("sleep"))
             while not records.of("tool_start"):
                 await asyncio.sleep(0.02)
-            marked = find_marked("EXECD_MARKER", session.marker)
+            # tool_start is recorded before the command reaches execd: wait for its process.
+            deadline = time.monotonic() + 15
+            while not (marked := find_marked("EXECD_MARKER", session.marker)):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

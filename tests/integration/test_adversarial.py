@@ -586,7 +586,7 @@ async def test_oversized_and_absurd_frame_lengths(daemon: RunningExecd) -> None:
     report("oversized_frames", await main(), "FRAME_TOO_LARGE before and after authentication")
 
 
-async def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
+async def test_malformed_and_mistyped_messages(daemon: RunningExecd, tmp_path: Path) -> None:
     hello = msgspec.msgpack.decode(ClientConnection(b"t").data_to_send()[4:])
     bad_hello = dict(hello, versions="one")
     preauth: list[tuple[bytes, ErrorCode]] = [
@@ -607,11 +607,21 @@ async def test_malformed_and_mistyped_messages(daemon: RunningExecd) -> None:
         "t": "call",
         "id": 9,
         "method": "files.write",
-        "params": msgspec.Raw(msgspec.msgpack.encode({"path": "/dev/null", "stream": True})),
+        # A regular file: a device would be refused at once, and chunks of a finished call are dropped.
+        "params": msgspec.Raw(
+            msgspec.msgpack.encode({"path": str(tmp_path / "overrun"), "stream": True})
+        ),
     }
-    overrun = b"".join(
-        raw_frame({"t": "chunk", "id": 9, "stream": "data", "seq": n, "data": b"\0" * MIB})
-        for n in range(limits.DEFAULT_STREAM_WINDOW // MIB + 1)
+    # One chunk past the whole window: execd cannot have granted more before it arrived
+    # (several smaller chunks race the credit execd grants as it consumes them).
+    overrun = raw_frame(
+        {
+            "t": "chunk",
+            "id": 9,
+            "stream": "data",
+            "seq": 0,
+            "data": b"\0" * (limits.DEFAULT_STREAM_WINDOW + 1),
+        }
     )
     postauth: list[tuple[bytes, ErrorCode]] = [
         (frame_header(1) + b"\xc1", ErrorCode.MALFORMED_MESSAGE),
