@@ -99,7 +99,11 @@ class Wired:
 
 async def wire(*, high: int = 256 * 1024, cipher: str = "none") -> Wired:
     handlers = Handlers()
-    config = Config(marker="m", limits=Limits(stream_window=WINDOW, max_frame=64 * 1024))
+    # Calls carry request ids, so a handler outlives a lost connection by the grace: keep it short.
+    config = Config(
+        marker="m",
+        limits=Limits(stream_window=WINDOW, max_frame=64 * 1024, request_grace=0.2),
+    )
     server = ServerProtocol(Server(config, TOKEN, handlers.table()))
     conn = ClientConnection(TOKEN, window=WINDOW, max_frame=64 * 1024, ciphers=(cipher,))
     proto = ClientProtocol(conn)
