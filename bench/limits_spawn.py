@@ -27,17 +27,16 @@ import argparse
 import asyncio
 import importlib.util
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import uvloop
 
+from bench.stats import summarize, time_calls
 from execd import spawn as spawning
 from execd.limits import ResourceControl, shared_cgroups, sweep
 from protocol.rpc.resources import Limits
@@ -78,18 +77,6 @@ def _sample(spawn: Callable[..., Any], limits: Limits | None = None) -> Sample:
     return sample
 
 
-async def _timed(sample: Sample, count: int, into: list[float]) -> None:
-    for _ in range(count):
-        start = time.perf_counter()
-        await sample()
-        into.append(time.perf_counter() - start)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(args: Sequence[str] | None = None) -> None:
     """Measure and print the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -117,7 +104,7 @@ def main(args: Sequence[str] | None = None) -> None:
     while done < opts.count:
         batch = min(opts.batch, opts.count - done)
         for name, sample in samples.items():
-            loop.run_until_complete(_timed(sample, batch, results[name]))
+            loop.run_until_complete(time_calls(sample, batch, results[name]))
         done += batch
     loop.close()
     asyncio.set_event_loop(None)
@@ -125,13 +112,10 @@ def main(args: Sequence[str] | None = None) -> None:
 
     print(f"{opts.count} spawns of 'true' per approach, {os.cpu_count()} CPUs, uid {os.getuid()}")
     print(f"{'approach':<36} {'p50 us':>9} {'p99 us':>9} {'mean us':>9} {'ratio':>7}")
-    base = _percentile(results["no limits"], 0.5)
+    base = summarize(results["no limits"]).p50
     for name, values in results.items():
-        p50, p99 = _percentile(values, 0.5), _percentile(values, 0.99)
-        mean = statistics.fmean(values)
-        print(
-            f"{name:<36} {p50 * 1e6:>9.0f} {p99 * 1e6:>9.0f} {mean * 1e6:>9.0f} {p50 / base:>7.2f}"
-        )
+        row = summarize(values)
+        print(f"{name:<36} {row.p50:>9.0f} {row.p99:>9.0f} {row.mean:>9.0f} {row.p50 / base:>7.2f}")
     sys.stdout.flush()
 
 
