@@ -87,7 +87,7 @@ from execd.errors import (
 )
 from protocol.codec import ENCODER, to_raw
 from protocol.errors import ErrorCode
-from protocol.rpc import requests as api
+from protocol.rpc import request as api
 
 log = logging.getLogger("execd.requests")
 

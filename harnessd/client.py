@@ -47,7 +47,7 @@ from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from protocol.handshake import token_bytes
 from protocol.messages import Abort, Call, Cancel, Chunk, Error, Event, Ping, Pong, Reply
 from protocol.rpc import Rpc
-from protocol.rpc import requests as requests_rpc
+from protocol.rpc import request as requests_rpc
 from protocol.rpc.core import NoParams
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every call the client sends carries a fresh 128-bit random request id
 (PROTOCOL.md section 8.1), except the few that belong to their connection
-(:data:`protocol.rpc.requests.CONNECTION_SCOPED`). execd keeps such a call
+(:data:`protocol.rpc.request.CONNECTION_SCOPED`). execd keeps such a call
 running for a grace period when the connection is lost and keeps its outcome
 for a while once it has finished.
 
@@ -49,7 +49,7 @@ from protocol import limits
 from protocol.bridge import Stream
 from protocol.errors import ErrorCode
 from protocol.messages import Error, Reply
-from protocol.rpc import requests as api
+from protocol.rpc import request as api
 
 if TYPE_CHECKING:
     from harnessd.api import ExecdClient

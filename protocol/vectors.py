@@ -33,7 +33,7 @@ from protocol.handshake import (
     transcript,
 )
 from protocol.messages import Auth, Call, Challenge, Error, Hello, Message, Ping, Welcome
-from protocol.rpc.requests import ATTACH, AttachParams, NotKnown
+from protocol.rpc.request import ATTACH, AttachParams, NotKnown
 
 #: Width, in hex digits, of one line of a wrapped value in the rendered spec.
 HEX_WIDTH = 64

@@ -3,7 +3,7 @@
 One module per capability (:mod:`~protocol.rpc.core`, :mod:`~protocol.rpc.files`,
 :mod:`~protocol.rpc.shell`, :mod:`~protocol.rpc.services`,
 :mod:`~protocol.rpc.sessions`, :mod:`~protocol.rpc.watch`,
-:mod:`~protocol.rpc.ledger`, :mod:`~protocol.rpc.terminal`, :mod:`~protocol.rpc.requests`; limits in
+:mod:`~protocol.rpc.ledger`, :mod:`~protocol.rpc.terminal`, :mod:`~protocol.rpc.request`; limits in
 :mod:`~protocol.rpc.resources`) holds the Structs of its methods and, at its end,
 one :class:`Rpc` per method. Both ends use those declarations and nothing
 else: execd binds each to the handler named after it
@@ -71,7 +71,7 @@ def all_rpcs() -> tuple[Rpc[Any, Any], ...]:
         core,
         files,
         ledger,
-        requests,
+        request,
         services,
         sessions,
         shell,
@@ -79,5 +79,5 @@ def all_rpcs() -> tuple[Rpc[Any, Any], ...]:
         watch,
     )
 
-    modules = (core, files, shell, ledger, services, sessions, watch, terminal, requests)
+    modules = (core, files, shell, ledger, services, sessions, watch, terminal, request)
     return tuple(rpc for module in modules for rpc in module.RPCS)
