@@ -81,16 +81,26 @@ class CommandCgroup:
         """The ``cgroup.procs`` files the command's pid is written to."""
         return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
 
-    def exceeded(self) -> str | None:
-        """``"memory"`` after an OOM kill, ``"processes"`` after a refused fork, else None."""
+    def counters(self) -> dict[str, int]:
+        """How often each limit was hit so far: OOM kills (``memory``), refused forks (``processes``)."""
+        found: dict[str, int] = {}
         memory = self.dirs.get("memory")
-        if memory is not None and _read_counter(
-            os.path.join(memory, "memory.oom_control"), "oom_kill"
-        ):
-            return "memory"
+        if memory is not None:
+            found["memory"] = _read_counter(os.path.join(memory, "memory.oom_control"), "oom_kill")
         pids = self.dirs.get("pids")
-        if pids is not None and _read_counter(os.path.join(pids, "pids.events"), "max"):
-            return "processes"
+        if pids is not None:
+            found["processes"] = _read_counter(os.path.join(pids, "pids.events"), "max")
+        return found
+
+    def exceeded(self, since: dict[str, int] | None = None) -> str | None:
+        """``"memory"`` after an OOM kill, ``"processes"`` after a refused fork, else None.
+
+        With ``since`` (earlier :meth:`counters`), only what happened after it counts.
+        """
+        counts = self.counters()
+        for name in ("memory", "processes"):
+            if counts.get(name, 0) > (since or {}).get(name, 0):
+                return name
         return None
 
     def pids(self) -> set[int]:

@@ -93,8 +93,23 @@ class Plan:
 
     def verdict(self, status: int) -> str | None:
         """The limit that ended the command with wait status ``status``, where it can be told."""
-        code = os.waitstatus_to_exitcode(status)
         by_group = self.cgroup.exceeded() if self.cgroup is not None else None
+        return self._judge(os.waitstatus_to_exitcode(status), by_group)
+
+    def mark(self) -> dict[str, int]:
+        """The cgroup counters now: where a command run inside the limited one starts."""
+        return self.cgroup.counters() if self.cgroup is not None else {}
+
+    def command_verdict(self, since: dict[str, int], exit_code: int) -> str | None:
+        """The limit a command run inside the limited one (a session's) ran into.
+
+        ``since`` is the :meth:`mark` taken when it started; ``exit_code`` its
+        exit status as its shell reports it (128 + N after signal N).
+        """
+        by_group = self.cgroup.exceeded(since) if self.cgroup is not None else None
+        return self._judge(exit_code, by_group)
+
+    def _judge(self, code: int, by_group: str | None) -> str | None:
         if by_group == "memory":
             return by_group
         for name, sig in (("cpu", signal.SIGXCPU), ("file_size", signal.SIGXFSZ)):

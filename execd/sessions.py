@@ -204,6 +204,7 @@ class _Run:
     started: float
     start_ticks: int
     files: list[str]
+    limit_mark: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
 
@@ -504,6 +505,7 @@ class SessionsCapability(CommandCapability):
             started=loop.time(),
             start_ticks=procfs.boot_ticks(),
             files=files,
+            limit_mark=sess.child.limits.mark() if sess.child.limits is not None else {},
         )
         sess.current = run
         try:
@@ -595,14 +597,23 @@ class SessionsCapability(CommandCapability):
             interrupted=run.interrupted,
             duration=max(0.0, loop.time() - run.started),
         )
+        plan = sess.child.limits
         if run.done.done():
             result.exit_code = run.done.result()
             result.cwd = sess.cwd()
+            if plan is not None:
+                verdict = plan.command_verdict(run.limit_mark, result.exit_code)
+                result.limit_exceeded = verdict  # type: ignore[assignment]
         elif sess.child.exited.done():
             result.exit_code, result.signal = spawning.decode_status(sess.child.exited.result())
             result.session_ended = True
+            if plan is not None:
+                # Recorded when the shell was reaped (before anyone waiting on it woke up).
+                result.limit_exceeded = plan.exceeded  # type: ignore[assignment]
         else:
             result.session_ended = True
+        if plan is not None:
+            result.limits = plan.mechanisms  # type: ignore[assignment]
         return result
 
     # -- sessions.interrupt / close / list ---------------------------------------

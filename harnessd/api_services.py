@@ -149,7 +149,10 @@ class ServicesClient(Client):
         kill_grace: float | None = None,
         output_cap: int | None = None,
     ) -> sessions.RunResult:
-        """Run ``command`` in the session; its exit status, output and the cwd after it."""
+        """Run ``command`` in the session; its exit status, output and the cwd after it.
+
+        ``limit_exceeded`` in the result names the session's limit the command ran into.
+        """
         params = sessions.RunParams(
             name=name,
             command=command,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -197,3 +198,24 @@ async def test_session_shells_take_limits(client: ExecdClient) -> None:
         await client.open_session("bad", limits={"open_files": 1})
     with pytest.raises(InvalidParams):
         await client.open_session("bad", limits=Limits(open_files=1))
+
+
+async def test_session_runs_carry_their_own_verdict(client: ExecdClient, tmp_path: object) -> None:
+    await client.open_session("verdicts", limits={"memory": 256 << 20, "file_size": 1 << 20})
+    big = os.path.join(str(tmp_path), "big")
+    written = await client.session_run("verdicts", f"dd if=/dev/zero of={big} bs=1M count=4")
+    assert written.exit_code == 128 + signal.SIGXFSZ
+    assert written.limit_exceeded == "file_size"
+    assert written.limits is not None and written.limits["file_size"] == "rlimit"
+    allocated = await client.session_run("verdicts", f"{sys.executable} -c {shlex.quote(ALLOCATE)}")
+    assert b"allocated" not in allocated.stdout
+    assert not allocated.session_ended
+    if await _mechanism(client, "memory") == "cgroup-v1":
+        # The OOM kill in the session's memory cgroup happened during this command.
+        assert allocated.limit_exceeded == "memory"
+    else:
+        assert allocated.limit_exceeded is None
+    # The verdict is per command: the next one ran into nothing.
+    clean = await client.session_run("verdicts", "echo fine")
+    assert clean.stdout == b"fine\n" and clean.limit_exceeded is None
+    await client.close_session_shell("verdicts")
