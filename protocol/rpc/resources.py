@@ -46,6 +46,18 @@ LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
 Mechanism = Literal["cgroup-v1", "rlimit", "unavailable"]
 
+LIMIT_OPTIONS: Final = (
+    ("memory", int, "BYTES"),
+    ("cpu", float, "SECONDS"),
+    ("processes", int, "N"),
+    ("file_size", int, "BYTES"),
+    ("open_files", int, "N"),
+)
+"""Each limit's command-line option (``--limit-<name>``, ``-`` for ``_``), type and unit.
+
+execd takes them as its defaults, ``harnessd exec`` as the limits of its command.
+"""
+
 MAX_BYTES: Final = 2**62
 MAX_CPU: Final = 30 * 24 * 3600.0
 MAX_COUNT: Final = 2**22
@@ -85,3 +97,17 @@ def as_limits(value: Limits | Mapping[str, float] | None) -> Limits | None:
     if value is None or isinstance(value, Limits):
         return value
     return msgspec.convert(dict(value), Limits)
+
+
+def option_name(limit: str) -> str:
+    """The command-line option of ``limit``: ``--limit-file-size`` for ``file_size``."""
+    return "--limit-" + limit.replace("_", "-")
+
+
+def from_options(values: Mapping[str, float | None]) -> Limits | None:
+    """The limits given on a command line (None for an option not given); None if none was.
+
+    Raises ``msgspec.ValidationError`` for a value out of range.
+    """
+    limits = msgspec.convert({k: v for k, v in values.items() if v is not None}, Limits)
+    return None if limits.is_empty() else limits
