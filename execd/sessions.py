@@ -505,7 +505,7 @@ class SessionsCapability(CommandCapability):
             started=loop.time(),
             start_ticks=procfs.boot_ticks(),
             files=files,
-            limit_mark=sess.child.limits.mark() if sess.child.limits is not None else {},
+            limit_mark=sess.child.limits.command_started() if sess.child.limits else {},
         )
         sess.current = run
         try:
@@ -661,6 +661,8 @@ class SessionsCapability(CommandCapability):
         except (OSError, RuntimeError) as exc:
             log.warning("sweeping session %s failed: %s", sess.name, exc)
         sess.child.signal(signal.SIGKILL)
+        if sess.child.limits is not None:
+            sess.child.limits.kill()
         await asyncio.wait({sess.child.exited}, timeout=_EXIT_WAIT)
         if sess.task is not None and not sess.task.done():
             await asyncio.wait({sess.task}, timeout=_EXIT_WAIT)

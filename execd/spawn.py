@@ -536,6 +536,9 @@ async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM)
         delay = min(delay * 2, 0.05)
     if child.group_alive():
         child.signal(signal.SIGKILL)
+    if child.limits is not None:
+        # Whatever left the group (a double fork, setsid) but not the command's cgroup.
+        child.limits.kill()
     await child.wait()
 
 

@@ -405,4 +405,7 @@ async def _hang_up_session(term: _Terminal, grace: float) -> None:
     for pid in session_members(leader, since):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    if term.child.limits is not None:
+        # Whatever left the session but not the terminal's cgroup.
+        term.child.limits.kill()
     await term.child.wait()
