@@ -225,3 +225,25 @@ async def test_session_runs_carry_their_own_verdict(client: ExecdClient, tmp_pat
     clean = await client.session_run("verdicts", "echo fine")
     assert clean.stdout == b"fine\n" and clean.limit_exceeded is None
     await client.close_session_shell("verdicts")
+
+
+SPIN = "import time\nwhile time.process_time() < 0.6:\n    pass\nprint('spun')"
+"""0.6 CPU seconds of work, then done."""
+
+
+async def test_a_sessions_cpu_budget_holds_per_command(client: ExecdClient) -> None:
+    await client.open_session("budget", limits={"cpu": 1.0})
+    spin = f"{sys.executable} -c {shlex.quote(SPIN)}"
+    # Two commands of 0.6 s each: more than the budget together, each within it.
+    for _ in range(2):
+        done = await client.session_run("budget", spin)
+        assert (done.exit_code, done.stdout, done.limit_exceeded) == (0, b"spun\n", None)
+    looped = await client.session_run("budget", "sh -c 'while :; do :; done'")
+    assert looped.limit_exceeded == "cpu"
+    if await _mechanism(client, "cpu") == "rlimit":
+        # RLIMIT_CPU ended the looping process; the shell goes on.
+        assert looped.exit_code == 128 + signal.SIGXCPU and not looped.session_ended
+    else:
+        # The session's cgroup went past the command's budget: all of it was killed.
+        assert looped.session_ended and looped.signal == signal.SIGKILL
+    await client.close_session_shell("budget")
