@@ -39,6 +39,7 @@ from typing import Any
 import uvloop
 
 from bench.stats import summarize, time_calls
+from execd import pipes
 from execd import spawn as spawning
 from execd.limits import ResourceControl, sweep
 from protocol.rpc.resources import Limits
@@ -72,8 +73,8 @@ def _sample(spawn: Callable[..., Any], limits: Limits | None = None) -> Sample:
         plan = control.plan(limits) if limits is not None else None
         child = spawn(["true"], env=env, limits=plan) if plan else spawn(["true"], env=env)
         sink: list[bytes] = []
-        out = spawning.PipeReader(child.stdout, sink=sink.append)
-        err = spawning.PipeReader(child.stderr, sink=sink.append)
+        out = pipes.PipeReader(child.stdout, sink=sink.append)
+        err = pipes.PipeReader(child.stderr, sink=sink.append)
         await asyncio.wait([child.exited, out.eof, err.eof])
 
     return sample

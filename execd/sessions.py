@@ -66,7 +66,7 @@ from typing import Any
 
 import msgspec
 
-from execd import marker, procfs
+from execd import marker, pipes, procfs
 from execd import spawn as spawning
 from execd.commands import (
     SHELL,
@@ -168,7 +168,7 @@ class _OutputPipe:
         if self._fd < 0:
             return False
         try:
-            data = os.read(self._fd, spawning.READ_SIZE)
+            data = os.read(self._fd, pipes.READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
@@ -183,7 +183,7 @@ class _OutputPipe:
         """Read whatever is in the pipe now (bounded), without waiting for more."""
         taken = 0
         while taken < _DRAIN_CAP and self._read_once():
-            taken += spawning.READ_SIZE
+            taken += pipes.READ_SIZE
 
     def close(self) -> None:
         if self._fd >= 0:

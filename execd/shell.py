@@ -47,6 +47,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from execd import pipes
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -123,8 +124,8 @@ class _Command:
         self._spawned_at = asyncio.get_running_loop().time()
         if sinks is None:
             self.readers = (
-                spawning.PipeReader(child.stdout),
-                spawning.PipeReader(child.stderr),
+                pipes.PipeReader(child.stdout),
+                pipes.PipeReader(child.stderr),
             )
             self._pumps: list[asyncio.Task[None]] = [
                 asyncio.ensure_future(self._pump(self.readers[0], rpc.STDOUT_STREAM)),
@@ -132,8 +133,8 @@ class _Command:
             ]
         else:
             self.readers = (
-                spawning.PipeReader(child.stdout, sink=sinks[0]),
-                spawning.PipeReader(child.stderr, sink=sinks[1]),
+                pipes.PipeReader(child.stdout, sink=sinks[0]),
+                pipes.PipeReader(child.stderr, sink=sinks[1]),
             )
             self._pumps = []
 
@@ -163,7 +164,7 @@ class _Command:
         fd = self.child.stdin
         try:
             if fd is not None:
-                await spawning.write_all(fd, view)
+                await pipes.write_all(fd, view)
         finally:
             self.child.close_stdin()
 
@@ -171,7 +172,7 @@ class _Command:
         try:
             async for chunk in ctx.receive(rpc.STDIN_STREAM):
                 fd = self.child.stdin
-                if fd is None or not await spawning.write_all(fd, chunk):
+                if fd is None or not await pipes.write_all(fd, chunk):
                     break
         except (ConnectionLost, OSError) as exc:
             log.debug("stdin stream of pid %d ended: %r", self.child.pid, exc)
@@ -180,7 +181,7 @@ class _Command:
 
     # -- output ----------------------------------------------------------------
 
-    async def _pump(self, reader: spawning.PipeReader, stream: str) -> None:
+    async def _pump(self, reader: pipes.PipeReader, stream: str) -> None:
         assert self._ctx is not None
         loop = asyncio.get_running_loop()
         while True:

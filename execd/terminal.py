@@ -13,7 +13,7 @@ Starting
     environment like every command.
 
 Output
-    :class:`~execd.spawn.PipeReader` reads the master into a bounded ring
+    :class:`~execd.pipes.PipeReader` reads the master into a bounded ring
     (:class:`~execd.output.ByteRing`) that ``terminal.attach`` replays and
     follows. While a client is attached and more than half a ring behind,
     the reader waits for it, so the program blocks on its writes instead of
@@ -42,7 +42,7 @@ import termios
 import time
 from dataclasses import dataclass, field
 
-from execd import procfs, reaper
+from execd import pipes, procfs, reaper
 from execd import spawn as spawning
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -122,7 +122,7 @@ class _Terminal:
     tty: str
     child: spawning.Child
     master: int
-    reader: spawning.PipeReader
+    reader: pipes.PipeReader
     ring: ByteRing
     rows: int
     cols: int
@@ -260,7 +260,7 @@ class TerminalCapability(CommandCapability):
             tty=tty,
             child=child,
             master=writer,
-            reader=spawning.PipeReader(master),
+            reader=pipes.PipeReader(master),
             ring=ByteRing(self._limits.detached_ring),
             rows=params.rows,
             cols=params.cols,
@@ -350,7 +350,7 @@ class TerminalCapability(CommandCapability):
     async def terminal_send(self, params: rpc.SendParams, ctx: CallContext) -> None:
         """``terminal.send``: write keystrokes to the terminal."""
         term = self._terminal(params.terminal_id)
-        if term.done.is_set() or not await spawning.write_all(term.master, params.data):
+        if term.done.is_set() or not await pipes.write_all(term.master, params.data):
             raise AlreadyExited(f"terminal {params.terminal_id[:64]!r} has ended")
 
     async def terminal_resize(self, params: rpc.ResizeParams, ctx: CallContext) -> None:
