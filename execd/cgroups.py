@@ -129,9 +129,8 @@ class CommandCgroup:
             found["memory"] = _read_counter(os.path.join(memory, "memory.oom_control"), "oom_kill")
         elif v2 is not None:
             found["memory"] = _read_counter(os.path.join(v2, "memory.events"), "oom_kill")
-        if pids is not None or v2 is not None:
-            where = pids if pids is not None else v2
-            assert where is not None
+        where = pids if pids is not None else v2
+        if where is not None:
             found["processes"] = _read_counter(os.path.join(where, "pids.events"), "max")
         return found
 
