@@ -38,6 +38,7 @@ class ExecdProcess:
     marker: str
     startup_seconds: float
     state_dir: str
+    process: asyncio.subprocess.Process
 
     async def connect(self, *, encrypt: bool | str = False) -> ExecdClient:
         """A new authenticated client connection (no keepalive: the bench measures)."""
@@ -136,9 +137,10 @@ async def start_execd(
             marker=marker,
             startup_seconds=elapsed,
             state_dir=state_dir,
+            process=proc,
         )
     finally:
-        await _stop(proc)
+        await stop_process(proc, 20.0)
         with contextlib.suppress(OSError):
             os.unlink(token_file)
         _remove_tree(private)
@@ -153,12 +155,13 @@ def _log_tail(path: str) -> str:
         return handle.read()[-4000:].decode("utf-8", "replace")
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM ``proc`` unless it has exited, and SIGKILL it after ``grace`` seconds."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), 20.0)
+            await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -33,6 +33,7 @@ from typing import Any
 
 import uvloop
 
+from bench.execd_proc import stop_process
 from bench.floor import BulkServer, FloorServer
 
 HOST = "127.0.0.1"
@@ -174,15 +175,7 @@ async def start_server(
         finally:
             if proc.stdin is not None:
                 proc.stdin.close()
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), 10.0)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
+            await stop_process(proc, 10.0)
 
 
 if __name__ == "__main__":
