@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -56,7 +55,7 @@ from tests.integration.test_adversarial import (
     report,
 )
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import alive
+from tests.support.procs import alive, allow_open_files
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -948,12 +947,7 @@ def test_hostile_nesting_gets_typed_answers(daemon: RunningExecd) -> None:
 
 def test_idle_unauthenticated_peers_never_lock_out_a_client(tmp_path: Path) -> None:
     count = 500
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = count + 256
-    if soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(f"needs {need} open files, the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    allow_open_files(count)
 
     def open_idle() -> list[socket.socket]:
         socks = []
