@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from harnessd.api import ExecdClient, connect
 
@@ -119,13 +119,8 @@ async def start_execd(
             env=env,
         )
     try:
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-        except TimeoutError:
-            line = b""
+        event = await first_event(proc, timeout)
         elapsed = time.perf_counter() - started
-        event = json.loads(line) if line.strip() else {}
         if event.get("event") != "listening":
             tail = _log_tail(log_path)
             raise RuntimeError(f"execd did not start ({event or 'no line'}):\n{tail}")
@@ -144,6 +139,17 @@ async def start_execd(
         with contextlib.suppress(OSError):
             os.unlink(token_file)
         _remove_tree(private)
+
+
+async def first_event(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
+    """The JSON line a child prints first on stdout (``listening``); {} when none comes in time."""
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    except TimeoutError:
+        line = b""
+    event: dict[str, Any] = json.loads(line) if line.strip() else {}
+    return event
 
 
 def _open_log(path: str) -> BinaryIO:

@@ -33,7 +33,7 @@ from typing import Any
 
 import uvloop
 
-from bench.execd_proc import stop_process
+from bench.execd_proc import first_event, stop_process
 from bench.floor import BulkServer, FloorServer
 
 HOST = "127.0.0.1"
@@ -160,12 +160,7 @@ async def start_server(
             stderr=log,
         )
         try:
-            assert proc.stdout is not None
-            try:
-                line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-            except TimeoutError:
-                line = b""
-            event = json.loads(line) if line.strip() else {}
+            event = await first_event(proc, timeout)
             if event.get("event") != "listening":
                 log.seek(0)
                 tail = log.read()[-4000:].decode("utf-8", "replace")
