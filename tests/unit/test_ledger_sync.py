@@ -92,15 +92,16 @@ class Recorder:
         return await self.client.ledger_read(session, from_seq, limit=limit, prev_hash=prev_hash)
 
 
-def fill(ledger: LocalLedger, count: int, *, seed: int, max_size: int = 3000) -> None:
+def fill(ledger: LocalLedger, count: int, *, seed: int, max_size: int = 3000) -> LocalLedger:
+    """``ledger`` with ``count`` more random messages (the same ones for the same ``seed``)."""
     rng = random.Random(seed)
     for _ in range(count):
         ledger.append({"kind": "message", "content": rng.randbytes(rng.randrange(max_size)).hex()})
+    return ledger
 
 
 async def test_batches_stay_within_the_budget(client: ExecdClient) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 400, seed=1)
+    ledger = fill(LocalLedger(), 400, seed=1)
     sync = LedgerSync("budget", ledger)
     peer = Recorder(client)
     assert client.info.peer_max_frame == MAX_FRAME
@@ -125,8 +126,7 @@ async def test_batches_stay_within_the_budget(client: ExecdClient) -> None:
 async def test_an_entry_larger_than_the_budget_goes_through_append_large(
     client: ExecdClient,
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 5, seed=2, max_size=100)
+    ledger = fill(LocalLedger(), 5, seed=2, max_size=100)
     ledger.append({"kind": "tool_result", "content": "x" * (3 * MAX_FRAME)})
     fill(ledger, 5, seed=3, max_size=100)
     sync = LedgerSync("large", ledger)
@@ -165,8 +165,7 @@ async def test_each_sync_sends_only_the_new_entries(client: ExecdClient) -> None
 async def test_resume_after_a_lost_reply_and_a_reconnect(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 300, seed=5)
+    ledger = fill(LocalLedger(), 300, seed=5)
     sync = LedgerSync("lost-ack", ledger)
     # The third append reaches execd but its answer never comes back.
     lossy = Recorder(client, lose_reply_after=2)
@@ -193,8 +192,7 @@ async def test_resume_after_a_lost_reply_and_a_reconnect(
 async def test_conflict_data_moves_the_sync_to_execds_head(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 10, seed=6)
+    ledger = fill(LocalLedger(), 10, seed=6)
     sync = LedgerSync("conflict", ledger)
     await sync.sync(client)
     fill(ledger, 6, seed=7)
@@ -210,19 +208,15 @@ async def test_conflict_data_moves_the_sync_to_execds_head(
 async def test_divergence_is_detected_and_nothing_is_overwritten(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    original = LocalLedger()
-    fill(original, 5, seed=8)
+    original = fill(LocalLedger(), 5, seed=8)
     await LedgerSync("shared", original).sync(client)
 
     cases: list[tuple[str, LocalLedger]] = []
-    behind = LocalLedger()
-    fill(behind, 3, seed=8)  # same first 3 entries, but execd is ahead
+    behind = fill(LocalLedger(), 3, seed=8)  # same first 3 entries, but execd is ahead
     cases.append(("ahead", behind))
-    different = LocalLedger()
-    fill(different, 5, seed=9)  # same length, different content
+    different = fill(LocalLedger(), 5, seed=9)  # same length, different content
     cases.append(("differs", different))
-    longer = LocalLedger()
-    fill(longer, 8, seed=10)  # longer, different prefix
+    longer = fill(LocalLedger(), 8, seed=10)  # longer, different prefix
     cases.append(("differs", longer))
 
     for why, local in cases:
