@@ -365,22 +365,19 @@ async def case_services_status(c: Clients) -> None:
         await c.big.call("services.stop", {"name": "wide-status"})
 
 
-async def case_services_stop(c: Clients) -> None:
-    pid = await wide_service(c, "wide-stop")
-    try:
-        await too_large(c.small.call("services.stop", {"name": "wide-stop"}))
-        assert await service_pid(c, "wide-stop") == pid and alive(pid), "stopped anyway"
-    finally:
-        await c.big.call("services.stop", {"name": "wide-stop"})
+def case_services_refused(method: str) -> Callable[[Clients], Awaitable[None]]:
+    """The case of ``services.stop`` or ``services.restart``: refused, the service runs on."""
+    name = "wide-" + method.removeprefix("services.")
 
+    async def case(c: Clients) -> None:
+        pid = await wide_service(c, name)
+        try:
+            await too_large(c.small.call(method, {"name": name}))
+            assert await service_pid(c, name) == pid and alive(pid), f"{method} acted anyway"
+        finally:
+            await c.big.call("services.stop", {"name": name})
 
-async def case_services_restart(c: Clients) -> None:
-    pid = await wide_service(c, "wide-restart")
-    try:
-        await too_large(c.small.call("services.restart", {"name": "wide-restart"}))
-        assert await service_pid(c, "wide-restart") == pid and alive(pid), "restarted anyway"
-    finally:
-        await c.big.call("services.stop", {"name": "wide-restart"})
+    return case
 
 
 async def case_services_list(c: Clients) -> None:
@@ -539,8 +536,8 @@ GROWING: dict[str, Callable[[Clients], Awaitable[None]]] = {
     "ledger.list": case_ledger_list,
     "services.start": case_services_start,
     "services.status": case_services_status,
-    "services.stop": case_services_stop,
-    "services.restart": case_services_restart,
+    "services.stop": case_services_refused("services.stop"),
+    "services.restart": case_services_refused("services.restart"),
     "services.list": case_services_list,
     "services.logs": case_services_logs,
     "sessions.open": case_sessions_open,
