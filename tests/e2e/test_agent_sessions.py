@@ -16,7 +16,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
 from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
@@ -37,6 +36,7 @@ from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop
 from tests.support.chat_endpoint import ChatEndpoint
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.hooked_model import Hook
 from tests.support.procs import cmdline
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
@@ -554,30 +554,6 @@ async def test_max_turns_ends_the_session(tmp_path: Path) -> None:
 
 
 # -- ledger sync across a reconnect and an execd restart ----------------------------------------
-
-
-class Hook:
-    """A model wrapper that runs ``action`` before answering turn ``at``."""
-
-    def __init__(
-        self, inner: ScriptedModel, at: int, action: Callable[[], Coroutine[Any, Any, None]]
-    ) -> None:
-        self.inner = inner
-        self.at = at
-        self.action = action
-        self.turn = 0
-
-    @property
-    def name(self) -> str:
-        return "hooked"
-
-    async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
-    ) -> AssistantTurn:
-        self.turn += 1
-        if self.turn == self.at:
-            await self.action()
-        return await self.inner.complete(messages, tools)
 
 
 def shell_turns(count: int) -> list[dict[str, Any]]:
