@@ -36,7 +36,6 @@ client reads its final status (``status``, ``wait`` or a completed
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -48,7 +47,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execd import spawn as spawning
-from execd.commands import CommandCapability, command_argv, command_environment, title_of
+from execd.commands import (
+    CommandCapability,
+    command_argv,
+    command_environment,
+    title_of,
+    wait_done,
+)
 from execd.config import Config
 from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
@@ -601,10 +606,7 @@ class ShellCapability(CommandCapability):
     async def shell_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
         rec = self._record(params.command_id)
-        if not rec.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(params.timeout):
-                    await rec.done.wait()
+        await wait_done(rec.done, params.timeout)
         return self._read_status(rec, ctx)
 
     async def shell_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:
