@@ -46,14 +46,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from execd import commands
 from execd import spawn as spawning
-from execd.commands import (
-    CommandCapability,
-    command_argv,
-    command_environment,
-    title_of,
-    wait_done,
-)
+from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
@@ -606,7 +601,7 @@ class ShellCapability(CommandCapability):
     async def shell_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
         rec = self._record(params.command_id)
-        await wait_done(rec.done, params.timeout)
+        await commands.wait_done(rec.done, params.timeout)
         return self._read_status(rec, ctx)
 
     async def shell_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:

@@ -42,16 +42,9 @@ import termios
 import time
 from dataclasses import dataclass, field
 
-from execd import procfs, reaper
+from execd import commands, procfs, reaper
 from execd import spawn as spawning
-from execd.commands import (
-    SHELL,
-    CommandCapability,
-    command_argv,
-    command_environment,
-    title_of,
-    wait_done,
-)
+from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext, Method, bind
 from execd.errors import (
@@ -371,7 +364,7 @@ class TerminalCapability(CommandCapability):
     async def terminal_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.wait``: wait for the program's exit, up to ``timeout``."""
         term = self._terminal(params.terminal_id)
-        await wait_done(term.done, params.timeout)
+        await commands.wait_done(term.done, params.timeout)
         return self._final(term, ctx)
 
     async def terminal_close(self, params: rpc.CloseParams, ctx: CallContext) -> rpc.TerminalInfo:
