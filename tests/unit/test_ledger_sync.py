@@ -17,7 +17,6 @@ from harnessd.ledger_sync import (
     LocalLedger,
     decode_entry,
 )
-from protocol.connection import HandshakeComplete
 from protocol.rpc import ledger as rpc
 from tests.conftest import one_loop
 from tests.support.daemon import RunningExecd
@@ -37,6 +36,7 @@ class Recorder:
 
     ``lose_reply_after``: after that many appends reach execd, the next one is
     forwarded and then its reply is "lost" (ConnectionLost raised instead).
+    What it does not record (``info``, ``ledger_read``) goes to the client as is.
     """
 
     def __init__(self, client: ExecdClient, *, lose_reply_after: int | None = None) -> None:
@@ -46,31 +46,20 @@ class Recorder:
         self.heads = 0
         self.lose_reply_after = lose_reply_after
 
-    @property
-    def info(self) -> HandshakeComplete:
-        return self.client.info
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
     async def ledger_head(self, session: str) -> rpc.LedgerHead:
         self.heads += 1
         return await self.client.ledger_head(session)
 
-    async def ledger_append(
-        self,
-        session: str,
-        first_seq: int,
-        prev_hash: bytes,
-        entries: list[bytes],
-        hashes: list[bytes] | None = None,
-    ) -> rpc.LedgerHead:
-        params = rpc.AppendParams(
-            session=session,
-            first_seq=first_seq,
-            prev_hash=prev_hash,
-            entries=entries,
-            hashes=hashes,
+    async def ledger_append(self, *args: Any, **kwargs: Any) -> rpc.LedgerHead:
+        """``ExecdClient.ledger_append``: its arguments are AppendParams' fields."""
+        params = rpc.AppendParams(*args, **kwargs)
+        self.appends.append(
+            (params.first_seq, len(params.entries), len(msgspec.msgpack.encode(params)))
         )
-        self.appends.append((first_seq, len(entries), len(msgspec.msgpack.encode(params))))
-        head = await self.client.ledger_append(session, first_seq, prev_hash, entries, hashes)
+        head = await self.client.ledger_append(*args, **kwargs)
         if self.lose_reply_after is not None and len(self.appends) > self.lose_reply_after:
             raise ConnectionLost("reply lost (simulated)")
         return head
@@ -80,16 +69,6 @@ class Recorder:
     ) -> rpc.LedgerHead:
         self.large.append((seq, len(payload)))
         return await self.client.ledger_append_large(session, seq, prev_hash, payload)
-
-    async def ledger_read(
-        self,
-        session: str,
-        from_seq: int = 1,
-        *,
-        limit: int | None = None,
-        prev_hash: bytes | None = None,
-    ) -> list[rpc.LedgerRecord]:
-        return await self.client.ledger_read(session, from_seq, limit=limit, prev_hash=prev_hash)
 
 
 def fill(ledger: LocalLedger, count: int, *, seed: int, max_size: int = 3000) -> LocalLedger:
