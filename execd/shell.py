@@ -36,7 +36,6 @@ client reads its final status (``status``, ``wait`` or a completed
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -47,7 +46,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from execd import pipes
+from execd import commands, pipes
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -602,10 +601,7 @@ class ShellCapability(CommandCapability):
     async def shell_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
         rec = self._record(params.command_id)
-        if not rec.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(params.timeout):
-                    await rec.done.wait()
+        await commands.wait_done(rec.done, params.timeout)
         return self._read_status(rec, ctx)
 
     async def shell_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:

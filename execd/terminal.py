@@ -42,7 +42,7 @@ import termios
 import time
 from dataclasses import dataclass, field
 
-from execd import pipes, procfs, reaper
+from execd import commands, pipes, procfs, reaper
 from execd import spawn as spawning
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -364,10 +364,7 @@ class TerminalCapability(CommandCapability):
     async def terminal_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.wait``: wait for the program's exit, up to ``timeout``."""
         term = self._terminal(params.terminal_id)
-        if not term.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(params.timeout):
-                    await term.done.wait()
+        await commands.wait_done(term.done, params.timeout)
         return self._final(term, ctx)
 
     async def terminal_close(self, params: rpc.CloseParams, ctx: CallContext) -> rpc.TerminalInfo:

@@ -280,13 +280,7 @@ def test_a_port_outside_1_to_65535_is_refused(port: str) -> None:
 
 
 def test_token_file_mistakes_name_the_file(tmp_path: Path) -> None:
-    empty = tmp_path / "empty-token"
-    empty.write_text("\n")
-    for path, why in (
-        (tmp_path / "missing-token", "No such file"),
-        (tmp_path, "Is a directory"),
-        (empty, "empty"),
-    ):
+    for path, why in cli.token_file_mistakes(tmp_path):
         done = cli.run("harnessd", "exec", "--port", "1", "--token-file", str(path), "--", "true")
         assert done.returncode == 2, done.stderr
         line = cli.one_line(done.stderr, PROG)
