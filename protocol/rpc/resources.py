@@ -52,14 +52,31 @@ LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
 Mechanism = Literal["cgroup-v2", "cgroup-v1", "rlimit", "unavailable"]
 
+_SIZE_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count as a person writes it: ``1048576``, ``512K``, ``256M``, ``2GiB``, ``1g``.
+
+    The suffixes are binary (``K`` = 1024); ``B``/``iB`` after one is optional.
+    Raises ValueError for anything else.
+    """
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    digits = value.rstrip("kmgt")
+    unit = value[len(digits) :]
+    if not digits.isdigit() or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a byte count: {text!r} (e.g. 1048576, 512K, 256M, 2G)")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
 LIMIT_OPTIONS: Final = (
-    ("memory", int, "BYTES"),
+    ("memory", parse_bytes, "BYTES"),
     ("cpu", float, "SECONDS"),
     ("processes", int, "N"),
-    ("file_size", int, "BYTES"),
+    ("file_size", parse_bytes, "BYTES"),
     ("open_files", int, "N"),
 )
-"""Each limit's command-line option (``--limit-<name>``, ``-`` for ``_``), type and unit.
+"""Each limit's command-line option (``--limit-<name>``, ``-`` for ``_``), parser and unit.
 
 execd takes them as its defaults, ``harnessd exec`` as the limits of its command.
 """

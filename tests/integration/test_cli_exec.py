@@ -242,7 +242,7 @@ def test_limits_bound_the_command_and_the_one_it_ran_into_is_named(
     written = _run(
         execd,
         "--limit-file-size",
-        str(1 << 20),
+        "1M",
         "--",
         "dd",
         "if=/dev/zero",

@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 
 import msgspec
+import pytest
 
 import protocol
 from protocol.rpc import Schema, all_rpcs, files
+from protocol.rpc.resources import parse_bytes
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
 WIRE_NAMES = {type(None): "nil", bytes: "bin"}
@@ -74,3 +76,25 @@ def test_params_from_takes_the_fields_among_the_arguments() -> None:
     write = files.WRITE.params_from({"path": "/w/b", "data": b"x", "size": 9}, atomic=False)
     # Fields not among the arguments keep their defaults; given ones set or override.
     assert write == files.WriteParams(path="/w/b", data=b"x", atomic=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1048576", 1 << 20),
+        ("512K", 512 << 10),
+        ("256M", 256 << 20),
+        ("2GiB", 2 << 30),
+        ("1g", 1 << 30),
+        ("64MB", 64 << 20),
+        ("0", 0),
+    ],
+)
+def test_limit_options_take_byte_counts_with_binary_suffixes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1", "12X", "1KK", "0x10"])
+def test_limit_options_refuse_what_is_not_a_byte_count(text: str) -> None:
+    with pytest.raises(ValueError, match="not a byte count"):
+        parse_bytes(text)
