@@ -167,6 +167,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
         self.close_reason: BaseException | None = None
+        #: Frames sent while the events of one read are handled, written together after
+        #: them (one system call for the answers to a batch of pipelined calls); None
+        #: outside that.
+        self._held: list[Frame] | None = None
         #: ``time.monotonic()`` of the latest bytes received.
         self.last_received = time.monotonic()
 
@@ -191,22 +195,36 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.abort(exc)
             return
         out = self.conn.data_to_send()
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
-        for event in events:
-            kind = type(event)
-            if kind is Chunk:
-                self._on_chunk(cast(Chunk, event))
-            elif kind is Credit:
-                self._on_credit(cast(Credit, event))
-            else:
-                if kind is Reply or kind is Error:
-                    self.drop_streams(cast(Reply | Error, event).id)
-                self.handle_event(event)
-            if self.closed:
-                return
+        held: list[Frame] = [out] if out else []
+        self._held = held
+        try:
+            for event in events:
+                kind = type(event)
+                if kind is Chunk:
+                    self._on_chunk(cast(Chunk, event))
+                elif kind is Credit:
+                    self._on_credit(cast(Credit, event))
+                else:
+                    if kind is Reply or kind is Error:
+                        self.drop_streams(cast(Reply | Error, event).id)
+                    self.handle_event(event)
+                if self.closed:
+                    return
+        finally:
+            self._release_held()
         if self.conn.state is State.CLOSED:
             self.abort(None)
+
+    def _release_held(self) -> None:
+        """Write the frames held while a read's events were handled, in order."""
+        held, self._held = self._held, None
+        if held:
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                if len(held) == 1:
+                    transport.write(held[0])
+                else:
+                    transport.writelines(held)
 
     def eof_received(self) -> bool | None:
         return False
@@ -258,7 +276,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None:
             raise self.closed_error()
-        transport.write(frame)
+        held = self._held
+        if held is None:
+            transport.write(frame)
+        else:
+            held.append(frame)
         kind = type(message)
         if kind is Reply or kind is Error:
             self.drop_streams(cast(Reply | Error, message).id)
@@ -268,7 +290,11 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if transport is None or self.closed:
             raise self.closed_error()
         if frame:
-            transport.write(frame)
+            held = self._held
+            if held is None:
+                transport.write(frame)
+            else:
+                held.append(frame)
 
     async def drain(self) -> None:
         """Wait until the transport's write buffer is below its high-water mark."""
@@ -377,6 +403,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """Close the connection now, sending an Abort first when the state allows."""
         if self.close_reason is None:
             self.close_reason = reason
+        self._release_held()  # what was sent before goes before the Abort
         if code is not None or isinstance(reason, RemoteProtocolError):
             err_code = (
                 code if code is not None else getattr(reason, "code", ErrorCode.PROTOCOL_ERROR)
