@@ -68,8 +68,8 @@ class AgentsConfig:
 
     @classmethod
     def quick(cls) -> AgentsConfig:
-        """The suite's size."""
-        return cls(sessions=20)
+        """The quick run's size: every figure, a few sessions."""
+        return cls(sessions=8)
 
 
 @dataclass(slots=True)

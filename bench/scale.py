@@ -112,9 +112,12 @@ class ScaleConfig:
     def quick(cls, tmp_dir: str | None = None) -> ScaleConfig:
         """Every figure, with short phases: seconds, not minutes."""
         return cls(
-            single_calls=200,
-            rate_seconds=2.0,
-            idle_seconds=1.0,
+            sessions=200,
+            execds=4,
+            single_calls=100,
+            rate_seconds=1.0,
+            idle_seconds=0.5,
+            keepalive=1.0,
             keepalive_intervals=2,
             tmp_dir=tmp_dir or default_tmp(),
         )

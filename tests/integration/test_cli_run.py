@@ -142,7 +142,7 @@ def test_retries_zero_and_the_model_timeout(tmp_path: Path, endpoint: ModelEndpo
     assert "model: failed: ModelHTTPError" in err
 
     endpoint.answers += [Answer(200, completion("late"), delay=60)] * 2
-    args = ["--retries", "1", "--model-timeout", "0.5"]
+    args = ["--retries", "1", "--model-timeout", "2"]
     status, out, err = finish(start(tmp_path, run_args(endpoint, tmp_path / "ws", *args)))
     assert status == 1
     assert len(endpoint.seen) == 3

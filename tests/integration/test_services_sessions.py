@@ -17,7 +17,7 @@ from protocol.errors import ErrorCode
 from protocol.rpc.services import CommandProbe, RestartPolicy, TcpProbe
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd
-from tests.support.procs import children
+from tests.support.procs import alive, children
 
 pytestmark = [pytest.mark.anyio, one_loop]
 
@@ -119,10 +119,7 @@ async def test_sessions_over_the_wire(client: ExecdClient, tmp_path: Path) -> No
     assert [(s.name, s.state) for s in listed.sessions] == [("dev", "dead")]
     closed = await client.close_session_shell("dev")
     assert closed.remaining == []
-    assert (
-        not Path(f"/proc/{job}").exists()
-        or b"Z" in Path(f"/proc/{job}/stat").read_bytes().split(b")")[-1][:3]
-    )
+    assert not alive(job)
     with pytest.raises(errors.NoSuchSession):
         await client.close_session_shell("dev")
 
