@@ -10,7 +10,9 @@ buffers of inbound streams. Roles subclass it and implement
 
 Sending has one path: :meth:`FramedProtocol.send` asks the state machine for
 the frame of a message (which checks and books it) and writes it to the
-transport. A closed transport is mapped to one exception there and only
+transport, small frames sent right beside others together
+(:meth:`FramedProtocol._put`: the answers to one read's calls, the calls a
+batch of woken tasks sends). A closed transport is mapped to one exception there and only
 there: :meth:`FramedProtocol.closed_error`, a
 :class:`~protocol.errors.ConnectionLost` unless a role knows better. Reading
 a stream of a connection that has closed raises the same.
