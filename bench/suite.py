@@ -114,6 +114,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     *swerex_peer.ROW_KEYS,
 )
 
+
 async def _turns(env: Env) -> list[Row]:
     """Section 8 (a turn over a simulated LAN) and 8b (the agent loop around one call)."""
     return [*await turn.run(env), *await agent_loop.run(env)]
