@@ -173,7 +173,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self.close_reason: BaseException | None = None
         #: Small frames held to be written together (see :meth:`_put`); None: write at once.
         self._held: list[Frame] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hold_loop: asyncio.AbstractEventLoop | None = None
         #: ``time.monotonic()`` of the latest bytes received.
         self.last_received = time.monotonic()
 
@@ -182,7 +182,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        self._loop = asyncio.get_running_loop()
+        self._hold_loop = asyncio.get_running_loop()
         self._flush_outbox()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -236,9 +236,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
         held = self._held
         if held is None:
             transport.write(frame)
-            if self._loop is not None:
+            if self._hold_loop is not None:
                 self._held = []
-                self._loop.call_soon(self._release_held)
+                self._hold_loop.call_soon(self._release_held)
         else:
             held.append(frame)
             if len(frame) >= HOLD_MAX:
