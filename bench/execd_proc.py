@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from harnessd.api import ExecdClient, connect
 
@@ -38,6 +38,7 @@ class ExecdProcess:
     marker: str
     startup_seconds: float
     state_dir: str
+    process: asyncio.subprocess.Process
 
     async def connect(self, *, encrypt: bool | str = False) -> ExecdClient:
         """A new authenticated client connection (no keepalive: the bench measures)."""
@@ -118,13 +119,8 @@ async def start_execd(
             env=env,
         )
     try:
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-        except TimeoutError:
-            line = b""
+        event = await first_event(proc, timeout)
         elapsed = time.perf_counter() - started
-        event = json.loads(line) if line.strip() else {}
         if event.get("event") != "listening":
             tail = _log_tail(log_path)
             raise RuntimeError(f"execd did not start ({event or 'no line'}):\n{tail}")
@@ -136,12 +132,24 @@ async def start_execd(
             marker=marker,
             startup_seconds=elapsed,
             state_dir=state_dir,
+            process=proc,
         )
     finally:
-        await _stop(proc)
+        await stop_process(proc, 20.0)
         with contextlib.suppress(OSError):
             os.unlink(token_file)
         _remove_tree(private)
+
+
+async def first_event(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
+    """The JSON line a child prints first on stdout (``listening``); {} when none comes in time."""
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    except TimeoutError:
+        line = b""
+    event: dict[str, Any] = json.loads(line) if line.strip() else {}
+    return event
 
 
 def _open_log(path: str) -> BinaryIO:
@@ -153,12 +161,13 @@ def _log_tail(path: str) -> str:
         return handle.read()[-4000:].decode("utf-8", "replace")
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM ``proc`` unless it has exited, and SIGKILL it after ``grace`` seconds."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), 20.0)
+            await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -12,11 +12,13 @@ alike:
   same, with ``execd/spawn.py`` as it is at that git revision, loaded beside
   this one; the ratio of ``no limits`` to it is the cost limits add to calls
   that have none;
-* ``rlimits``: ``cpu`` and ``open_files`` (the ``/bin/sh`` prelude that sets
-  them, then execs);
+* ``rlimits``: ``file_size`` and ``open_files`` (the ``/bin/sh`` prelude
+  that sets them, then execs);
 * ``cgroup``: ``memory`` and ``processes``, when execd may create cgroups
   here (the prelude also joins the command's cgroups; their directories are
-  made before and removed after each spawn).
+  made before and removed after each spawn);
+* ``cgroup v2 cpu``: ``cpu`` where execd watches a v2 cgroup's CPU time (a
+  v2 directory per spawn, joined by the prelude, and the watch's first read).
 
 Prints p50 and p99 in microseconds and each ratio to ``no limits`` at p50.
 """
@@ -37,8 +39,9 @@ from typing import Any
 import uvloop
 
 from bench.stats import summarize, time_calls
+from execd import pipes
 from execd import spawn as spawning
-from execd.limits import ResourceControl, shared_cgroups, sweep
+from execd.limits import ResourceControl, sweep
 from protocol.rpc.resources import Limits
 
 Sample = Callable[[], Awaitable[None]]
@@ -70,8 +73,8 @@ def _sample(spawn: Callable[..., Any], limits: Limits | None = None) -> Sample:
         plan = control.plan(limits) if limits is not None else None
         child = spawn(["true"], env=env, limits=plan) if plan else spawn(["true"], env=env)
         sink: list[bytes] = []
-        out = spawning.PipeReader(child.stdout, sink=sink.append)
-        err = spawning.PipeReader(child.stderr, sink=sink.append)
+        out = pipes.PipeReader(child.stdout, sink=sink.append)
+        err = pipes.PipeReader(child.stderr, sink=sink.append)
         await asyncio.wait([child.exited, out.eof, err.eof])
 
     return sample
@@ -89,14 +92,16 @@ def main(args: Sequence[str] | None = None) -> None:
     baseline = _baseline(opts.baseline_ref)
     if baseline is not None:
         samples[f"baseline no limits ({opts.baseline_ref})"] = _sample(baseline.spawn)
-    samples["rlimits (cpu, open_files)"] = _sample(
-        spawning.spawn, Limits(cpu=60.0, open_files=1024)
+    samples["rlimits (file_size, open_files)"] = _sample(
+        spawning.spawn, Limits(file_size=1 << 30, open_files=1024)
     )
-    roots = shared_cgroups().roots
-    if "memory" in roots and "pids" in roots:
+    mechanisms = ResourceControl(None).mechanisms()
+    if mechanisms["memory"].startswith("cgroup") and mechanisms["processes"].startswith("cgroup"):
         samples["cgroup (memory, processes)"] = _sample(
             spawning.spawn, Limits(memory=1 << 30, processes=256)
         )
+    if mechanisms["cpu"] == "cgroup-v2":
+        samples["cgroup v2 cpu"] = _sample(spawning.spawn, Limits(cpu=60.0))
     results: dict[str, list[float]] = {name: [] for name in samples}
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)

@@ -235,9 +235,7 @@ def _rows(found: dict[str, Any], suffix: str) -> list[Row]:
             short=f"floor {how}",
             label=f"{how}: the same {kib:.0f} KiB request pre-encoded, keep-alive, reply not decoded",
             unit="ms",
-            p50=ms["floor"].p50,
-            p99=ms["floor"].p99,
-            n=ms["floor"].n,
+            **ms["floor"].figures(),
         )
     ]
     if "httpx" in ms:
@@ -248,9 +246,7 @@ def _rows(found: dict[str, Any], suffix: str) -> list[Row]:
                 short="bare httpx",
                 label=f"{how}: bare httpx keep-alive POST of those bytes, reply read",
                 unit="ms",
-                p50=ms["httpx"].p50,
-                p99=ms["httpx"].p99,
-                n=ms["httpx"].n,
+                **ms["httpx"].figures(),
                 baselines=(floor_key,),
             )
         )
@@ -262,9 +258,7 @@ def _rows(found: dict[str, Any], suffix: str) -> list[Row]:
             short=f"complete() {how}",
             label=f"{how}: OpenAIChatModel.complete: encode, POST, decode the turn",
             unit="ms",
-            p50=turn.p50,
-            p99=turn.p99,
-            n=turn.n,
+            **turn.figures(),
             baselines=(floor_key, *(("model.httpx",) if "httpx" in ms else ())),
             note=f"{turn.p50 - ms['floor'].p50:.2f} ms over the floor, {cpu.p50:.2f} ms CPU",
             extra={

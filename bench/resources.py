@@ -60,9 +60,7 @@ async def ledger_rows(env: Env) -> list[Row]:
                 label=f"append at ledger size {size_label(nominal)}",
                 short=size_label(nominal),
                 unit="us",
-                p50=summary.p50,
-                p99=summary.p99,
-                n=summary.n,
+                **summary.figures(),
                 baselines=() if index == 0 else ("ledger.small",),
                 extra={"ledger_bytes": float(size), "entries": float(entries)},
             )
@@ -137,9 +135,7 @@ async def memory_rows(env: Env) -> list[Row]:
         short="bare uvloop process",
         label="raw floor server (bare uvloop process), RSS",
         unit="MiB",
-        p50=floor.p50,
-        p99=floor.p99,
-        n=floor.n,
+        **floor.figures(),
     )
     idle_row = Row(
         key="memory.idle",
@@ -147,9 +143,7 @@ async def memory_rows(env: Env) -> list[Row]:
         short="idle",
         label="execd idle RSS",
         unit="MiB",
-        p50=idle_summary.p50,
-        p99=idle_summary.p99,
-        n=idle_summary.n,
+        **idle_summary.figures(),
         baselines=("memory.floor",),
     )
     idle_row.target = Target(f"< {IDLE_TARGET_MIB:g} MiB", idle_summary.p99, IDLE_TARGET_MIB)
@@ -158,9 +152,7 @@ async def memory_rows(env: Env) -> list[Row]:
         section=MEMORY,
         label=f"execd RSS while streaming {settings.stream_label} of output",
         unit="MiB",
-        p50=stream_summary.p50,
-        p99=stream_summary.p99,
-        n=stream_summary.n,
+        **stream_summary.figures(),
         baselines=("memory.idle",),
         note=f"peak VmHWM {peak:.1f} MiB, {settings.stream_bytes / seconds / 1e6:.0f} MB/s",
         extra={"vmhwm_mib": peak, "stream_mb_per_s": settings.stream_bytes / seconds / 1e6},

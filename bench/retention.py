@@ -54,9 +54,7 @@ async def retention_row(env: Env, section: str, idle_mib: float) -> Row:
             f"retention window ({defaults.request_retention} outcomes, {bound:g} MiB)"
         ),
         unit="MiB",
-        p50=summary.p50,
-        p99=summary.p99,
-        n=summary.n,
+        **summary.figures(),
         baselines=("memory.idle",),
         note=f"peak VmHWM {peak:.1f} MiB; {before:.1f} MiB before the load",
         extra={"vmhwm_mib": peak, "before_mib": before, "bound_mib": bound},

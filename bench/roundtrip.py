@@ -107,9 +107,7 @@ def _noop_rows(samples: dict[str, list[float]]) -> list[Row]:
             label=label,
             short=shorts.get(key, ""),
             unit="us",
-            p50=summary.p50,
-            p99=summary.p99,
-            n=summary.n,
+            **summary.figures(),
             baselines=baselines,
             extra={"mean": summary.mean},
         )
@@ -167,9 +165,7 @@ async def _pipelined_rows(
                 label=labels[name],
                 short="floor" if name == "floor" else "",
                 unit="calls/s",
-                p50=summary.p50,
-                p99=summary.p99,
-                n=summary.n,
+                **summary.figures(),
                 baselines=()
                 if name == "floor"
                 else ("pipe.floor", "pipe.execd")

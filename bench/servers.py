@@ -33,6 +33,7 @@ from typing import Any
 
 import uvloop
 
+from bench.execd_proc import first_event, stop_process
 from bench.floor import BulkServer, FloorServer
 
 HOST = "127.0.0.1"
@@ -159,12 +160,7 @@ async def start_server(
             stderr=log,
         )
         try:
-            assert proc.stdout is not None
-            try:
-                line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-            except TimeoutError:
-                line = b""
-            event = json.loads(line) if line.strip() else {}
+            event = await first_event(proc, timeout)
             if event.get("event") != "listening":
                 log.seek(0)
                 tail = log.read()[-4000:].decode("utf-8", "replace")
@@ -174,15 +170,7 @@ async def start_server(
         finally:
             if proc.stdin is not None:
                 proc.stdin.close()
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(proc.wait(), 10.0)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    await proc.wait()
+            await stop_process(proc, 10.0)
 
 
 if __name__ == "__main__":

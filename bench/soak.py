@@ -32,7 +32,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 import harnessd
+from bench.execd_proc import ExecdProcess, start_execd
 from execd.marker import cleanup, find_marked
 from harnessd.api import ExecdClient
 from protocol.ledger_chain import GENESIS_HASH
@@ -327,79 +327,7 @@ async def soak(
     return report
 
 
-@dataclass(frozen=True, slots=True)
-class _Execd:
-    host: str
-    port: int
-    pid: int
-    marker: str
-    token: str
-    process: asyncio.subprocess.Process
-
-
-async def _start_execd(directory: str) -> _Execd:
-    token = secrets.token_hex(32)
-    marker = secrets.token_hex(16)
-    token_path = os.path.join(directory, "token")
-    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token)
-    env = {name: value for name, value in os.environ.items() if name != "EXECD_TOKEN"}
-    log = os.open(os.path.join(directory, "execd.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "execd",
-            "--token-file",
-            token_path,
-            "--marker",
-            marker,
-            "--state-dir",
-            os.path.join(directory, "state"),
-            "--log-level",
-            "WARNING",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,
-            cwd=directory,
-            env=env,
-        )
-    finally:
-        os.close(log)
-    assert process.stdout is not None
-    try:
-        async with asyncio.timeout(30):
-            line = await process.stdout.readline()
-        event = json.loads(line or b"{}")
-        if event.get("event") != "listening":
-            raise RuntimeError(f"execd did not start: {event}")
-    except BaseException:
-        await _stop(process)
-        raise
-    return _Execd(
-        host=str(event["host"]),
-        port=int(event["port"]),
-        pid=process.pid,
-        marker=marker,
-        token=token,
-        process=process,
-    )
-
-
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(20):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-async def _shutdown(daemon: _Execd) -> int:
+async def _shutdown(daemon: ExecdProcess) -> int:
     client = await harnessd.connect(daemon.host, daemon.port, daemon.token)
     try:
         closed = await client.shutdown(timeout=20)
@@ -413,19 +341,19 @@ async def _shutdown(daemon: _Execd) -> int:
 async def run_soak_async(config: SoakConfig, directory: str | None = None) -> SoakReport:
     """Start an execd, soak it, close the session, stop it; return the report."""
     root = tempfile.mkdtemp(prefix="execd-soak-", dir=directory)
-    daemon: _Execd | None = None
+    marker: str | None = None
     try:
-        daemon = await _start_execd(root)
-        work = os.path.join(root, "work")
-        os.mkdir(work)
-        report = await soak(daemon.host, daemon.port, daemon.token, daemon.pid, work, config)
-        report.killed_at_close = await _shutdown(daemon)
-        report.leftover = find_marked(MARKER_VAR, daemon.marker)
-        return report
+        async with start_execd(root) as daemon:
+            marker = daemon.marker
+            work = os.path.join(root, "work")
+            os.mkdir(work)
+            report = await soak(daemon.host, daemon.port, daemon.token, daemon.pid, work, config)
+            report.killed_at_close = await _shutdown(daemon)
+            report.leftover = find_marked(MARKER_VAR, daemon.marker)
+            return report
     finally:
-        if daemon is not None:
-            await _stop(daemon.process)
-            await asyncio.to_thread(cleanup, MARKER_VAR, daemon.marker, timeout=10.0)
+        if marker is not None:
+            await asyncio.to_thread(cleanup, MARKER_VAR, marker, timeout=10.0)
         shutil.rmtree(root, ignore_errors=True)
 
 

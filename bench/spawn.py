@@ -37,8 +37,9 @@ from typing import Any
 import uvloop
 
 from execd.config import Config
+from execd.pipes import PipeReader
 from execd.shell import ShellCapability
-from execd.spawn import PipeReader, spawn
+from execd.spawn import spawn
 from protocol.rpc.shell import RunParams
 
 Sample = Callable[[], Awaitable[None]]

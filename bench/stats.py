@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 Call = Callable[[], Awaitable[object]]
 
@@ -21,6 +22,14 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
+class Figures(TypedDict):
+    """The figures of a summary a report row shows: ``Row(..., **summary.figures())``."""
+
+    p50: float
+    p99: float
+    n: int
+
+
 @dataclass(frozen=True, slots=True)
 class Summary:
     """p50, p99 and mean of a sample set, in the samples' unit."""
@@ -29,6 +38,10 @@ class Summary:
     p99: float
     mean: float
     n: int
+
+    def figures(self) -> Figures:
+        """The p50, p99 and count, as a report row's fields."""
+        return {"p50": self.p50, "p99": self.p99, "n": self.n}
 
 
 def summarize(values: Sequence[float]) -> Summary:

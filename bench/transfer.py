@@ -213,9 +213,7 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
             section=SECTION,
             label=titles[key],
             unit=unit,
-            p50=summary.p50,
-            p99=summary.p99,
-            n=summary.n,
+            **summary.figures(),
             baselines=baselines,
             short={
                 "raw_read": "raw",

@@ -85,9 +85,7 @@ async def run(env: Env) -> list[Row]:
         short="one round trip",
         label="one server.noop through the proxy (one round trip)",
         unit="ms",
-        p50=one.p50,
-        p99=one.p99,
-        n=one.n,
+        **one.figures(),
     )
     sequential_row = Row(
         key="turn.sequential",
@@ -95,9 +93,7 @@ async def run(env: Env) -> list[Row]:
         short="sequential",
         label=f"{TURN_CALLS} tool calls one after another",
         unit="ms",
-        p50=serial.p50,
-        p99=serial.p99,
-        n=serial.n,
+        **serial.figures(),
         baselines=("turn.round_trip",),
     )
     concurrent_row = Row(
@@ -105,9 +101,7 @@ async def run(env: Env) -> list[Row]:
         section=SECTION,
         label=f"{TURN_CALLS} tool calls concurrently (asyncio.gather)",
         unit="ms",
-        p50=gathered.p50,
-        p99=gathered.p99,
-        n=gathered.n,
+        **gathered.figures(),
         baselines=("turn.round_trip", "turn.sequential"),
         extra={"round_trips_of_delay": gathered.p50 / nominal},
     )

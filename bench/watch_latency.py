@@ -63,6 +63,15 @@ class _TimingContext:
         self._on_close.append(callback)
 
 
+def write_byte(path: str) -> None:
+    """Write one byte to ``path``, created or truncated: the change each round waits for."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+
+
 def percentile(sorted_values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of an ascending, non-empty list."""
     rank = max(1, min(len(sorted_values), round(fraction * len(sorted_values) + 0.5)))
@@ -85,11 +94,7 @@ async def measure(count: int, recursive: bool, depth: int) -> dict[str, float]:
             for round_ in range(count):
                 path = os.path.join(target_dir, f"f{round_ % 16}")
                 before = time.perf_counter()
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    os.write(fd, b"x")
-                finally:
-                    os.close(fd)
+                write_byte(path)
                 while True:
                     arrived, name, event = await asyncio.wait_for(ctx.arrivals.get(), 10.0)
                     if name == "closed_write" and event.path == path:

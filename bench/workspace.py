@@ -77,9 +77,7 @@ async def spawn_rows(env: Env) -> list[Row]:
         short="local spawn",
         label="subprocess.run(['true']) in the client process",
         unit="ms",
-        p50=local_summary.p50,
-        p99=local_summary.p99,
-        n=local_summary.n,
+        **local_summary.figures(),
     )
     rows = [floor]
     labels = {
@@ -94,9 +92,7 @@ async def spawn_rows(env: Env) -> list[Row]:
             section=SPAWN,
             label=label,
             unit="ms",
-            p50=remote_summary.p50,
-            p99=remote_summary.p99,
-            n=remote_summary.n,
+            **remote_summary.figures(),
             baselines=("spawn.local",),
             extra={"p50_difference_ms": difference},
         )
@@ -120,11 +116,7 @@ async def watch_rows(env: Env) -> list[Row]:
             for index in range(count + 5):
                 path = os.path.join(directory, f"f{index % 16}")
                 before = time.perf_counter()
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    os.write(fd, b"x")
-                finally:
-                    os.close(fd)
+                watch_latency.write_byte(path)
                 while True:
                     kind, event = await watch.next(timeout=10.0)
                     if kind == "closed_write" and event.path == path:
@@ -151,9 +143,7 @@ async def watch_rows(env: Env) -> list[Row]:
         section=WATCH,
         label="watch latency: write in the workspace to event at the client",
         unit="ms",
-        p50=wire.p50,
-        p99=wire.p99,
-        n=wire.n,
+        **wire.figures(),
         baselines=("watch.handler",),
     )
     row.target = Target(f"p50 < {WATCH_TARGET_MS:g} ms", wire.p50, WATCH_TARGET_MS)
@@ -193,9 +183,7 @@ async def cold_start_rows(env: Env) -> list[Row]:
         short="bare python",
         label="python -c print: spawn to first line",
         unit="ms",
-        p50=bare_summary.p50,
-        p99=bare_summary.p99,
-        n=bare_summary.n,
+        **bare_summary.figures(),
     )
     imports = Row(
         key="start.imports",
@@ -203,9 +191,7 @@ async def cold_start_rows(env: Env) -> list[Row]:
         label=f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
         short="python + event loop imports",
         unit="ms",
-        p50=loaded_summary.p50,
-        p99=loaded_summary.p99,
-        n=loaded_summary.n,
+        **loaded_summary.figures(),
         baselines=("start.python",),
     )
     row = Row(
@@ -213,9 +199,7 @@ async def cold_start_rows(env: Env) -> list[Row]:
         section=WATCH,
         label="execd cold start: spawn to the listening line",
         unit="ms",
-        p50=execd_summary.p50,
-        p99=execd_summary.p99,
-        n=execd_summary.n,
+        **execd_summary.figures(),
         baselines=("start.python", "start.imports"),
     )
     row.target = Target(

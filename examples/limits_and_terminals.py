@@ -7,7 +7,7 @@ import harnessd
 async def main() -> None:
     async with harnessd.serve() as session:
         client = session.client
-        # How this execd enforces each limit (cgroup-v1 where it may create cgroups, else rlimit).
+        # How this execd enforces each limit (cgroup-v2, cgroup-v1 or rlimit).
         print((await client.server_info()).limits)
 
         # A runaway command ends at its limit; the result says which one.

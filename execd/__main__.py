@@ -24,7 +24,7 @@ import msgspec
 from execd import marker
 from execd.app import Execd, StartupError, announce
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
-from protocol.rpc.resources import LIMIT_NAMES
+from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 from protocol.rpc.resources import Limits as CommandLimits
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -107,11 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     limit = parser.add_argument_group(
         "command limits", "defaults for every command; a call may lower them, never raise them"
     )
-    limit.add_argument("--limit-memory", type=int, metavar="BYTES")
-    limit.add_argument("--limit-cpu", type=float, metavar="SECONDS")
-    limit.add_argument("--limit-processes", type=int, metavar="N")
-    limit.add_argument("--limit-file-size", type=int, metavar="BYTES")
-    limit.add_argument("--limit-open-files", type=int, metavar="N")
+    for name, kind, unit in LIMIT_OPTIONS:
+        limit.add_argument(option_name(name), type=kind, metavar=unit)
     parser.add_argument(
         "--request-grace",
         type=float,
@@ -199,12 +196,10 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _command_limits(args: argparse.Namespace) -> CommandLimits | None:
-    given = {name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES}
     try:
-        limits = msgspec.convert({k: v for k, v in given.items() if v is not None}, CommandLimits)
+        return from_options({name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES})
     except msgspec.ValidationError as exc:
         raise StartupError(f"invalid command limit: {exc}", 2) from None
-    return None if limits.is_empty() else limits
 
 
 def _explicit_state_dir(path: str) -> str:

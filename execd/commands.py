@@ -18,12 +18,14 @@ is spawned, so that the three capabilities cannot drift apart:
   the protected marker variable, the base environment of its commands, its
   :class:`BackgroundTasks` (tasks it starts and must see finished before it
   closes), and whether it is closed; :func:`close_each` ends a table of
-  records at once when it closes.
+  records at once when it closes, and :func:`wait_done` is the ``*.wait``
+  methods' bounded wait for a record to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
@@ -197,6 +199,13 @@ class CommandCapability:
         self._base_env = dict(base_env)
         self._background = BackgroundTasks(name)
         self._closed = False
+
+
+async def wait_done(done: asyncio.Event, timeout: float | None) -> None:
+    """Wait up to ``timeout`` seconds (None: no limit) for ``done``; reaching it is no error."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await done.wait()
 
 
 async def close_each(

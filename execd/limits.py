@@ -12,7 +12,11 @@ added work is a ``None`` check); ``python -m bench.spawn`` measures both.
 
 :class:`ResourceControl` holds a capability's defaults (execd's command-line
 flags) and turns a call's ``limits`` into a :class:`Plan`; which mechanism
-enforces which limit is described in :mod:`protocol.rpc.resources`.
+enforces which limit is described in :mod:`protocol.rpc.resources`. A
+``cpu`` limit on a cgroup whose CPU time execd can read is a total over the
+command and all it starts, kept by a :class:`CpuWatch` (a timer on the
+event loop); stopping a command kills what is left in its cgroup
+(:meth:`Plan.kill`).
 """
 
 from __future__ import annotations
@@ -46,10 +50,16 @@ def shared_cgroups() -> Cgroups:
 
 
 def sweep(*, final: bool = False) -> None:
-    """Remove command cgroups left behind (see :meth:`Cgroups.sweep`)."""
+    """Remove command cgroups left behind (see :meth:`Cgroups.sweep`); ``final``: all of them."""
+    global _cgroups
     if _cgroups is not None:
         _cgroups.sweep(final=final)
+        if final:
+            _cgroups = None
 
+
+_CONTROLLERS = {"memory": "memory", "processes": "pids", "cpu": "cpuacct"}
+"""The cgroup controller of each limit a cgroup can enforce (v2 counts CPU time without one)."""
 
 # (ulimit flag, resource, unit in bytes or seconds)
 _RLIMITS = {
@@ -78,6 +88,11 @@ class Plan:
         self.cgroup = cgroup
         self._cgroups = cgroups
         self.exceeded: str | None = None
+        self._cpu_watch = (
+            CpuWatch(cgroup, limits.cpu)
+            if cgroup is not None and limits.cpu is not None and mechanisms.get("cpu") != "rlimit"
+            else None
+        )
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` behind the prelude that applies the limits, then execs it."""
@@ -93,8 +108,28 @@ class Plan:
 
     def verdict(self, status: int) -> str | None:
         """The limit that ended the command with wait status ``status``, where it can be told."""
-        code = os.waitstatus_to_exitcode(status)
         by_group = self.cgroup.exceeded() if self.cgroup is not None else None
+        return self._judge(os.waitstatus_to_exitcode(status), by_group)
+
+    def command_started(self) -> dict[str, int]:
+        """A command starts inside the limited one (a session's): its mark for :meth:`command_verdict`.
+
+        The command gets the whole CPU budget: a cgroup's CPU time is counted from now.
+        """
+        if self._cpu_watch is not None:
+            self._cpu_watch.rebase()
+        return self.cgroup.counters() if self.cgroup is not None else {}
+
+    def command_verdict(self, since: dict[str, int], exit_code: int) -> str | None:
+        """The limit a command run inside the limited one (a session's) ran into.
+
+        ``since`` is the :meth:`mark` taken when it started; ``exit_code`` its
+        exit status as its shell reports it (128 + N after signal N).
+        """
+        by_group = self.cgroup.exceeded(since) if self.cgroup is not None else None
+        return self._judge(exit_code, by_group)
+
+    def _judge(self, code: int, by_group: str | None) -> str | None:
         if by_group == "memory":
             return by_group
         for name, sig in (("cpu", signal.SIGXCPU), ("file_size", signal.SIGXFSZ)):
@@ -106,6 +141,8 @@ class Plan:
     def attach(self, child: Child) -> None:
         """Follow ``child``: at its reaping record the verdict (``exceeded``) and :meth:`release`."""
         child.limits = self
+        if self._cpu_watch is not None:
+            self._cpu_watch.start()
 
         def reaped(exited: asyncio.Future[int]) -> None:
             if not exited.cancelled():
@@ -115,10 +152,75 @@ class Plan:
         child.exited.add_done_callback(reaped)
 
     def release(self) -> None:
-        """Remove the command's cgroup (now, or once what it left behind is gone)."""
+        """Remove the command's cgroup (now, or once what it left behind is gone).
+
+        A cgroup still holding processes stays known (for :meth:`kill`) until then.
+        """
         if self.cgroup is not None:
             self._cgroups.release(self.cgroup)
-            self.cgroup = None
+            if not self.cgroup.dirs:
+                if self._cpu_watch is not None:
+                    self._cpu_watch.stop()
+                self.cgroup = None
+
+    def kill(self) -> None:
+        """SIGKILL everything left in the command's cgroup (it is being stopped)."""
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+
+class CpuWatch:
+    """Kills a cgroup once the CPU time of everything in it passes a limit.
+
+    Checks on a timer, never busier than needed: with ``n`` CPUs the cgroup
+    can use at most ``n`` CPU seconds per second, so after reading ``used``
+    the next check is due when the rest of the budget could be gone at the
+    earliest, ``(limit - used) / n`` seconds later (at least :attr:`FLOOR`).
+    A busy command is therefore caught within ``FLOOR * n`` CPU seconds of
+    its limit, and an idle one costs a read every now and then. The watch
+    ends when the cgroup is gone.
+    """
+
+    FLOOR = 0.02
+
+    def __init__(self, cgroup: CommandCgroup, limit: float) -> None:
+        self.cgroup = cgroup
+        self.limit = limit
+        self.base = 0.0
+        self._cpus = os.cpu_count() or 1
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Begin watching (from the event loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._check()
+
+    def rebase(self) -> None:
+        """Count the budget from the cgroup's usage now."""
+        self.base = self.cgroup.cpu_usage() or 0.0
+        if self._loop is not None:
+            self.stop()
+            self._check()
+
+    def stop(self) -> None:
+        """Stop watching."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        usage = self.cgroup.cpu_usage()
+        if usage is None or self._loop is None or self._loop.is_closed():
+            return
+        used = usage - self.base
+        if used >= self.limit:
+            self.cgroup.cpu_exceeded = True
+            self.cgroup.kill()
+            return
+        delay = max(self.FLOOR, (self.limit - used) / self._cpus)
+        self._timer = self._loop.call_later(delay, self._check)
 
 
 class ResourceControl:
@@ -129,13 +231,15 @@ class ResourceControl:
 
     def mechanisms(self) -> dict[str, Mechanism]:
         """Which mechanism enforces each limit in this process."""
-        roots = shared_cgroups().roots
+        cgroups = shared_cgroups()
+        v2 = cgroups.v2
         found: dict[str, Mechanism] = dict.fromkeys(LIMIT_NAMES, "rlimit")
-        if "memory" in roots:
-            found["memory"] = "cgroup-v1"
-        if "pids" in roots:
-            found["processes"] = "cgroup-v1"
-        elif os.geteuid() == 0:
+        for name, controller in _CONTROLLERS.items():
+            if v2 is not None and (controller in v2.controllers or (name == "cpu" and v2.cpu_stat)):
+                found[name] = "cgroup-v2"
+            elif controller in cgroups.roots:
+                found[name] = "cgroup-v1"
+        if found["processes"] == "rlimit" and os.geteuid() == 0:
             found["processes"] = "unavailable"
         return found
 
@@ -181,13 +285,23 @@ class ResourceControl:
                 {"limit": "processes"},
             )
         cgroups = shared_cgroups()
+        v1: dict[str, int | None] = {}
+        v2: dict[str, int | None] | None = None
+        for name, how in wanted.items():
+            controller = _CONTROLLERS.get(name)
+            value = None if name == "cpu" else getattr(limits, name)
+            if controller is None or how not in ("cgroup-v1", "cgroup-v2"):
+                continue
+            if how == "cgroup-v1":
+                v1[controller] = value
+            else:
+                v2 = v2 if v2 is not None else {}
+                if name != "cpu":
+                    v2[controller] = value
         cgroup = None
-        if wanted.get("memory") == "cgroup-v1" or wanted.get("processes") == "cgroup-v1":
+        if v1 or v2 is not None:
             try:
-                cgroup = cgroups.create(
-                    limits.memory if wanted.get("memory") == "cgroup-v1" else None,
-                    limits.processes if wanted.get("processes") == "cgroup-v1" else None,
-                )
+                cgroup = cgroups.create(v1, v2)
             except OSError as exc:
                 raise SpawnFailed(
                     f"limits: cannot create the command's cgroup: {exc.strerror}"

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from execd import pipes
 from execd import spawn as spawning
 from execd.commands import command_argv
 from execd.errors import InvalidParams
@@ -132,8 +133,8 @@ async def _probe_command(
     while True:
         child = spawning.spawn(argv, env=env, cwd=cwd)
         readers = (
-            spawning.PipeReader(child.stdout, sink=_discard),
-            spawning.PipeReader(child.stderr, sink=_discard),
+            pipes.PipeReader(child.stdout, sink=_discard),
+            pipes.PipeReader(child.stderr, sink=_discard),
         )
         try:
             await asyncio.wait({child.exited}, timeout=probe.attempt_timeout)

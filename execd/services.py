@@ -25,7 +25,7 @@ Life of one service (:class:`_Service`)::
   live becomes STOPPED; an EXITED one stays EXITED.
 
 Output: execd owns the read ends of the service's stdout and stderr pipes
-(:class:`~execd.spawn.PipeReader` with a sink) and appends every chunk to the
+(:class:`~execd.pipes.PipeReader` with a sink) and appends every chunk to the
 service's :class:`~execd.service_log.LogFile` as it arrives, then wakes
 whoever follows the log. ``services.logs`` reads the file itself, so memory
 stays bounded whatever the service prints.
@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from execd import marker
+from execd import marker, pipes
 from execd import spawn as spawning
 from execd.commands import (
     CommandCapability,
@@ -127,7 +127,7 @@ class _Instance:
     """One spawned process of a service."""
 
     child: spawning.Child
-    readers: tuple[spawning.PipeReader, spawning.PipeReader]
+    readers: tuple[pipes.PipeReader, pipes.PipeReader]
     log_offset: int
     started: float
 
@@ -151,7 +151,7 @@ class _Service:
     finished: float | None = None
     error: str | None = None
     supervisor: asyncio.Task[None] | None = None
-    readers: set[spawning.PipeReader] = field(default_factory=set)
+    readers: set[pipes.PipeReader] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -301,8 +301,8 @@ class ServicesCapability(CommandCapability):
                 plan.release()
             raise
         readers = (
-            spawning.PipeReader(child.stdout, sink=rec.log.write),
-            spawning.PipeReader(child.stderr, sink=rec.log.write),
+            pipes.PipeReader(child.stdout, sink=rec.log.write),
+            pipes.PipeReader(child.stderr, sink=rec.log.write),
         )
         for reader in readers:
             rec.readers.add(reader)
@@ -314,7 +314,7 @@ class ServicesCapability(CommandCapability):
         return inst
 
     def _reader_done(
-        self, rec: _Service, reader: spawning.PipeReader, _: asyncio.Future[None]
+        self, rec: _Service, reader: pipes.PipeReader, _: asyncio.Future[None]
     ) -> None:
         rec.readers.discard(reader)
         rec.log.notify()

@@ -66,7 +66,7 @@ from typing import Any
 
 import msgspec
 
-from execd import marker, procfs
+from execd import marker, pipes, procfs
 from execd import spawn as spawning
 from execd.commands import (
     SHELL,
@@ -168,7 +168,7 @@ class _OutputPipe:
         if self._fd < 0:
             return False
         try:
-            data = os.read(self._fd, spawning.READ_SIZE)
+            data = os.read(self._fd, pipes.READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
@@ -183,7 +183,7 @@ class _OutputPipe:
         """Read whatever is in the pipe now (bounded), without waiting for more."""
         taken = 0
         while taken < _DRAIN_CAP and self._read_once():
-            taken += spawning.READ_SIZE
+            taken += pipes.READ_SIZE
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -204,6 +204,7 @@ class _Run:
     started: float
     start_ticks: int
     files: list[str]
+    limit_mark: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
 
@@ -504,6 +505,7 @@ class SessionsCapability(CommandCapability):
             started=loop.time(),
             start_ticks=procfs.boot_ticks(),
             files=files,
+            limit_mark=sess.child.limits.command_started() if sess.child.limits else {},
         )
         sess.current = run
         try:
@@ -595,14 +597,23 @@ class SessionsCapability(CommandCapability):
             interrupted=run.interrupted,
             duration=max(0.0, loop.time() - run.started),
         )
+        plan = sess.child.limits
         if run.done.done():
             result.exit_code = run.done.result()
             result.cwd = sess.cwd()
+            if plan is not None:
+                verdict = plan.command_verdict(run.limit_mark, result.exit_code)
+                result.limit_exceeded = verdict  # type: ignore[assignment]
         elif sess.child.exited.done():
             result.exit_code, result.signal = spawning.decode_status(sess.child.exited.result())
             result.session_ended = True
+            if plan is not None:
+                # Recorded when the shell was reaped (before anyone waiting on it woke up).
+                result.limit_exceeded = plan.exceeded  # type: ignore[assignment]
         else:
             result.session_ended = True
+        if plan is not None:
+            result.limits = plan.mechanisms  # type: ignore[assignment]
         return result
 
     # -- sessions.interrupt / close / list ---------------------------------------
@@ -650,6 +661,8 @@ class SessionsCapability(CommandCapability):
         except (OSError, RuntimeError) as exc:
             log.warning("sweeping session %s failed: %s", sess.name, exc)
         sess.child.signal(signal.SIGKILL)
+        if sess.child.limits is not None:
+            sess.child.limits.kill()
         await asyncio.wait({sess.child.exited}, timeout=_EXIT_WAIT)
         if sess.task is not None and not sess.task.done():
             await asyncio.wait({sess.task}, timeout=_EXIT_WAIT)

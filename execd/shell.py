@@ -36,7 +36,6 @@ client reads its final status (``status``, ``wait`` or a completed
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -47,6 +46,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from execd import commands, pipes
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -123,8 +123,8 @@ class _Command:
         self._spawned_at = asyncio.get_running_loop().time()
         if sinks is None:
             self.readers = (
-                spawning.PipeReader(child.stdout),
-                spawning.PipeReader(child.stderr),
+                pipes.PipeReader(child.stdout),
+                pipes.PipeReader(child.stderr),
             )
             self._pumps: list[asyncio.Task[None]] = [
                 asyncio.ensure_future(self._pump(self.readers[0], rpc.STDOUT_STREAM)),
@@ -132,8 +132,8 @@ class _Command:
             ]
         else:
             self.readers = (
-                spawning.PipeReader(child.stdout, sink=sinks[0]),
-                spawning.PipeReader(child.stderr, sink=sinks[1]),
+                pipes.PipeReader(child.stdout, sink=sinks[0]),
+                pipes.PipeReader(child.stderr, sink=sinks[1]),
             )
             self._pumps = []
 
@@ -163,7 +163,7 @@ class _Command:
         fd = self.child.stdin
         try:
             if fd is not None:
-                await spawning.write_all(fd, view)
+                await pipes.write_all(fd, view)
         finally:
             self.child.close_stdin()
 
@@ -171,7 +171,7 @@ class _Command:
         try:
             async for chunk in ctx.receive(rpc.STDIN_STREAM):
                 fd = self.child.stdin
-                if fd is None or not await spawning.write_all(fd, chunk):
+                if fd is None or not await pipes.write_all(fd, chunk):
                     break
         except (ConnectionLost, OSError) as exc:
             log.debug("stdin stream of pid %d ended: %r", self.child.pid, exc)
@@ -180,7 +180,7 @@ class _Command:
 
     # -- output ----------------------------------------------------------------
 
-    async def _pump(self, reader: spawning.PipeReader, stream: str) -> None:
+    async def _pump(self, reader: pipes.PipeReader, stream: str) -> None:
         assert self._ctx is not None
         loop = asyncio.get_running_loop()
         while True:
@@ -601,10 +601,7 @@ class ShellCapability(CommandCapability):
     async def shell_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.CommandInfo:
         """``shell.wait``: wait for a detached command's exit, up to ``timeout``."""
         rec = self._record(params.command_id)
-        if not rec.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(params.timeout):
-                    await rec.done.wait()
+        await commands.wait_done(rec.done, params.timeout)
         return self._read_status(rec, ctx)
 
     async def shell_attach(self, params: rpc.AttachParams, ctx: CallContext) -> rpc.AttachResult:

@@ -13,7 +13,7 @@ Starting
     environment like every command.
 
 Output
-    :class:`~execd.spawn.PipeReader` reads the master into a bounded ring
+    :class:`~execd.pipes.PipeReader` reads the master into a bounded ring
     (:class:`~execd.output.ByteRing`) that ``terminal.attach`` replays and
     follows. While a client is attached and more than half a ring behind,
     the reader waits for it, so the program blocks on its writes instead of
@@ -42,7 +42,7 @@ import termios
 import time
 from dataclasses import dataclass, field
 
-from execd import procfs, reaper
+from execd import commands, pipes, procfs, reaper
 from execd import spawn as spawning
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
@@ -122,7 +122,7 @@ class _Terminal:
     tty: str
     child: spawning.Child
     master: int
-    reader: spawning.PipeReader
+    reader: pipes.PipeReader
     ring: ByteRing
     rows: int
     cols: int
@@ -260,7 +260,7 @@ class TerminalCapability(CommandCapability):
             tty=tty,
             child=child,
             master=writer,
-            reader=spawning.PipeReader(master),
+            reader=pipes.PipeReader(master),
             ring=ByteRing(self._limits.detached_ring),
             rows=params.rows,
             cols=params.cols,
@@ -350,7 +350,7 @@ class TerminalCapability(CommandCapability):
     async def terminal_send(self, params: rpc.SendParams, ctx: CallContext) -> None:
         """``terminal.send``: write keystrokes to the terminal."""
         term = self._terminal(params.terminal_id)
-        if term.done.is_set() or not await spawning.write_all(term.master, params.data):
+        if term.done.is_set() or not await pipes.write_all(term.master, params.data):
             raise AlreadyExited(f"terminal {params.terminal_id[:64]!r} has ended")
 
     async def terminal_resize(self, params: rpc.ResizeParams, ctx: CallContext) -> None:
@@ -364,10 +364,7 @@ class TerminalCapability(CommandCapability):
     async def terminal_wait(self, params: rpc.WaitParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.wait``: wait for the program's exit, up to ``timeout``."""
         term = self._terminal(params.terminal_id)
-        if not term.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(params.timeout):
-                    await term.done.wait()
+        await commands.wait_done(term.done, params.timeout)
         return self._final(term, ctx)
 
     async def terminal_close(self, params: rpc.CloseParams, ctx: CallContext) -> rpc.TerminalInfo:
@@ -405,4 +402,7 @@ async def _hang_up_session(term: _Terminal, grace: float) -> None:
     for pid in session_members(leader, since):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    if term.child.limits is not None:
+        # Whatever left the session but not the terminal's cgroup.
+        term.child.limits.kill()
     await term.child.wait()

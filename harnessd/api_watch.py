@@ -37,13 +37,7 @@ class WatchClient(Client):
         follow: bool = True,
     ) -> PathWatch:
         """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
-        params = watch_rpc.SubscribeParams(
-            path=path,
-            recursive=recursive,
-            events=events,  # type: ignore[arg-type]
-            debounce=debounce,
-            follow=follow,
-        )
+        params = watch_rpc.SUBSCRIBE.params_from(locals())
         result = await self.call(watch_rpc.SUBSCRIBE, params)
         return PathWatch(self, result)
 
@@ -51,11 +45,7 @@ class WatchClient(Client):
         self, path: str, *, condition: str = "exists", timeout: float = 30.0
     ) -> watch_rpc.WaitForPathResult:
         """Block until ``path`` meets ``condition`` (exists, absent, file, dir, nonempty)."""
-        params = watch_rpc.WaitForPathParams(
-            path=path,
-            condition=condition,  # type: ignore[arg-type]
-            timeout=timeout,
-        )
+        params = watch_rpc.WAIT_FOR_PATH.params_from(locals())
         return await self.call(watch_rpc.WAIT_FOR_PATH, params)
 
 

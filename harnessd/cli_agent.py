@@ -77,13 +77,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="run this scripted task (JSON: {task, turns: [{content, tool_calls}]}) "
         "instead of the built-in one; {{python}} and {{port}} are filled in",
     )
-    demo.add_argument(
-        "--lease",
-        type=positive_seconds,
-        default=DEFAULT_LEASE,
-        help="execd cleans up and exits after this many seconds without hearing from "
-        f"this process (default {DEFAULT_LEASE:g})",
-    )
+    _add_lease(demo, "execd")
     demo.set_defaults(func=demo_main)
 
     run = sub.add_parser("run", help="run a model (OpenAI-compatible API) against a workspace")
@@ -148,14 +142,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--port", type=port_number, help="port of a running execd (else launch one)")
     run.add_argument("--token-file", help="token of the running execd (else $EXECD_TOKEN)")
     run.add_argument("--encrypt", action="store_true", help="encrypt every frame")
-    run.add_argument(
+    _add_lease(run, "a launched execd")
+    run.set_defaults(func=run_main)
+
+
+def _add_lease(parser: argparse.ArgumentParser, launched: str) -> None:
+    parser.add_argument(
         "--lease",
         type=positive_seconds,
         default=DEFAULT_LEASE,
-        help="a launched execd cleans up and exits after this many seconds without hearing "
-        f"from this process (default {DEFAULT_LEASE:g})",
+        help=f"{launched} cleans up and exits after this many seconds without hearing from "
+        f"this process (default {DEFAULT_LEASE:g})",
     )
-    run.set_defaults(func=run_main)
 
 
 def open_trace(path: str | None, listeners: Sequence[Listener]) -> Trace:

@@ -8,9 +8,15 @@ command's process group; a second one closes the connection (execd then kills
 the command) and ends ``exec`` with 128+N. Exit status: the command's (128+N
 when signal N ended it); 127 when the command does not exist, 126 when it
 cannot be started (not executable, its working directory missing or not
-accessible); 141 quietly when stdout is closed under it (``| head``), as
-coreutils die of SIGPIPE; 2 for usage errors; 255 when execd cannot be
-reached or the connection fails, as ssh does.
+accessible, or a limit asked for cannot be enforced there); 141 quietly when
+stdout is closed under it (``| head``), as coreutils die of SIGPIPE; 2 for
+usage errors (a limit out of range or above execd's own); 255 when execd
+cannot be reached or the connection fails, as ssh does.
+
+``--limit-memory BYTES``, ``--limit-cpu SECONDS``, ``--limit-processes N``,
+``--limit-file-size BYTES`` and ``--limit-open-files N`` (execd's own
+option names) bound the command and everything it starts; when it ran into
+one, a line on stderr names it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import signal
 import sys
 from typing import Any
 
+import msgspec
+
 from harnessd.api import RunningCommand, connect
 from harnessd.cli_common import (
     STOP_SIGNALS,
@@ -33,8 +41,9 @@ from harnessd.cli_common import (
     say,
     silence_stdout,
 )
-from harnessd.errors import HarnessError, SpawnFailed
+from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
 from harnessd.token import read_token
+from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 from protocol.rpc.shell import RunResult
 
 STDIN_BLOCK = 64 * 1024
@@ -77,6 +86,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="kill the command after this many seconds (more than 0; omit for no timeout)",
     )
     parser.add_argument("--encrypt", action="store_true", help="encrypt every frame")
+    limit = parser.add_argument_group(
+        "limits", "resource limits of the command (execd's own defaults may be lowered, not raised)"
+    )
+    for name, kind, unit in LIMIT_OPTIONS:
+        limit.add_argument(option_name(name), type=kind, metavar=unit)
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
     parser.set_defaults(func=main)
 
@@ -96,6 +110,15 @@ def spawn_status(exc: SpawnFailed) -> int:
     if what == "command" and code == errno.errorcode[errno.ENOENT]:
         return NOT_FOUND
     return CANNOT_INVOKE
+
+
+def refused(exc: InvalidParams | NotSupported) -> int:
+    """Say why execd refused the command; 2 for what was asked (a limit above execd's), else 126.
+
+    ``NotSupported``: a limit execd cannot enforce where it runs.
+    """
+    say(f"{PROG}: {exc}")
+    return USAGE if isinstance(exc, InvalidParams) else CANNOT_INVOKE
 
 
 async def _readable(fd: int) -> None:
@@ -150,6 +173,11 @@ async def run_exec(args: argparse.Namespace) -> int:
         say(f"{PROG}: no command given (use: {PROG} ... -- ARGV...)")
         return USAGE
     try:
+        limits = from_options({name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES})
+    except msgspec.ValidationError as exc:
+        say(f"{PROG}: invalid limit: {exc} (see {PROG} --help)")
+        return USAGE
+    try:
         token = read_token(args.token_file)
     except ValueError as exc:
         say(f"{PROG}: {exc}")
@@ -169,9 +197,16 @@ async def run_exec(args: argparse.Namespace) -> int:
         if args.tty and sys.stdin is not None and os.isatty(sys.stdin.fileno()):
             from harnessd.cli_tty import run_terminal
 
-            return await run_terminal(client, argv, args.cwd)
+            try:
+                return await run_terminal(client, argv, args.cwd, limits)
+            except (InvalidParams, NotSupported) as exc:
+                return refused(exc)
         command = client.run_streaming(
-            argv, cwd=args.cwd, timeout=args.timeout, stdin_stream=bool(args.interactive)
+            argv,
+            cwd=args.cwd,
+            timeout=args.timeout,
+            stdin_stream=bool(args.interactive),
+            limits=limits,
         )
         streaming = loop.create_task(_stream(command))
 
@@ -227,8 +262,12 @@ async def _stream(command: RunningCommand[RunResult]) -> int:
     except SpawnFailed as exc:
         say(f"{PROG}: {exc}")
         return spawn_status(exc)
+    except (InvalidParams, NotSupported) as exc:
+        return refused(exc)
     if result.timed_out:
         say(f"{PROG}: command timed out")
+    if result.limit_exceeded is not None:
+        say(f"{PROG}: the command ran into its {result.limit_exceeded} limit")
     return exit_status(result.exit_code, result.signal)
 
 

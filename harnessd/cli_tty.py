@@ -23,6 +23,7 @@ from typing import Any
 from harnessd.api import ExecdClient
 from harnessd.errors import HarnessError
 from harnessd.terminal import Terminal
+from protocol.rpc.resources import Limits
 
 STDIN_BLOCK = 64 * 1024
 CONNECTION_FAILED = 255
@@ -36,12 +37,14 @@ def _window(fd: int) -> tuple[int, int]:
     return max(1, size.lines), max(1, size.columns)
 
 
-async def run_terminal(client: ExecdClient, argv: list[str], cwd: str | None) -> int:
+async def run_terminal(
+    client: ExecdClient, argv: list[str], cwd: str | None, limits: Limits | None = None
+) -> int:
     """Run ``argv`` on a remote terminal wired to this process's terminal; its exit status."""
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
     rows, cols = _window(fd_in)
     env = {"TERM": os.environ["TERM"]} if os.environ.get("TERM") else None
-    term = await client.open_terminal(argv, rows=rows, cols=cols, cwd=cwd, env=env)
+    term = await client.open_terminal(argv, rows=rows, cols=cols, cwd=cwd, env=env, limits=limits)
     saved = termios.tcgetattr(fd_in)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()

@@ -200,16 +200,7 @@ class TerminalsClient(Client):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> Terminal:
         """Start ``argv`` (or ``command`` through ``/bin/sh -c``) on a new terminal."""
-        params = rpc.OpenParams(
-            argv=argv,
-            command=command,
-            rows=rows,
-            cols=cols,
-            cwd=cwd,
-            env=env,
-            unset=unset,
-            limits=as_limits(limits),
-        )
+        params = rpc.OPEN.params_from(locals(), limits=as_limits(limits))
         return Terminal(self, await self.call(rpc.OPEN, params))
 
     def attach_terminal(self, terminal_id: str) -> Terminal:

@@ -125,6 +125,8 @@ def format_session_run(result: sessions.RunResult, exec_cap: int | None = None) 
         status = f"interrupted (exit code {result.exit_code})"
     else:
         status = f"exit code {result.exit_code}"
+    if result.limit_exceeded is not None:
+        status += f"; stopped by its {result.limit_exceeded} limit"
     if result.cwd is not None:
         status += f"; cwd {result.cwd}"
     return _with_streams(status, result, exec_cap)

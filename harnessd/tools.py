@@ -568,7 +568,7 @@ class Toolbox:
         client = self._client()
         name = self._name(args.session)
         if name not in self.opened_sessions:
-            await client.open_session(name, cwd=self.config.root)
+            await client.open_session(name, cwd=self.config.root, limits=self.config.limits)
             self.opened_sessions.add(name)
         cap = self._exec_cap()
         params = sessions.RunParams(

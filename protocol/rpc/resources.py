@@ -10,24 +10,30 @@ limit named in ``data``).
 How each limit is enforced (:data:`Mechanism`, reported in ``server.info``
 and in every result that carries a verdict):
 
-* ``memory``: the v1 ``memory`` controller's ``memory.limit_in_bytes`` in a
-  cgroup of the command's own when execd may create one, else
-  ``RLIMIT_AS`` (address space: allocations fail, the program decides what
-  happens next);
-* ``processes``: the v1 ``pids`` controller's ``pids.max`` when available,
+* ``memory``: ``memory.max`` in a cgroup v2 of the command's own where execd
+  has a delegated v2 subtree with the memory controller (``"cgroup-v2"``),
+  else the v1 ``memory`` controller's ``memory.limit_in_bytes`` when execd
+  may create a cgroup there (``"cgroup-v1"``), else ``RLIMIT_AS`` (address
+  space: allocations fail, the program decides what happens next);
+* ``processes``: ``pids.max`` of the v2 or else the v1 ``pids`` controller,
   else ``RLIMIT_NPROC`` (which counts every process of execd's user, and does
   not bind root: as root without a writable pids controller the limit is
   refused with ``NOT_SUPPORTED`` rather than silently not enforced);
-* ``cpu``: ``RLIMIT_CPU`` (seconds, rounded up; per process), SIGXCPU at the
-  limit and SIGKILL one second later;
+* ``cpu``: a total over the command and everything it starts where execd
+  can read its cgroup's CPU time (v2 ``cpu.stat``, which needs no
+  controller: ``"cgroup-v2"``; else a writable v1 ``cpuacct``:
+  ``"cgroup-v1"``): execd watches it and kills the whole cgroup once it
+  passes the limit. Else ``RLIMIT_CPU`` (seconds, rounded up; per process),
+  SIGXCPU at the limit and SIGKILL one second later. For a session the
+  budget is per command (counted from each ``sessions.run``);
 * ``file_size``: ``RLIMIT_FSIZE`` (bytes, rounded down to 512), SIGXFSZ;
 * ``open_files``: ``RLIMIT_NOFILE``.
 
 ``limit_exceeded`` in a result names the limit that ended (or, for
 ``processes``, stopped a fork of) the command where it can be told: SIGXCPU
-(or a shell's exit status 152) is ``cpu``, SIGXFSZ (153) is ``file_size``, a
-cgroup OOM kill is ``memory``, a refused fork in a pids cgroup is
-``processes``. It cannot be told for ``RLIMIT_AS`` (an allocation merely
+(or a shell's exit status 152) or the CPU watch's kill is ``cpu``, SIGXFSZ
+(153) is ``file_size``, a cgroup OOM kill is ``memory``, a refused fork in a
+pids cgroup is ``processes``. It cannot be told for ``RLIMIT_AS`` (an allocation merely
 fails), ``RLIMIT_NPROC`` (a fork merely fails) or ``open_files`` (an open
 merely fails): the command then ends as the program decides and the field
 stays empty.
@@ -44,7 +50,19 @@ from protocol.rpc import Schema
 
 LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
-Mechanism = Literal["cgroup-v1", "rlimit", "unavailable"]
+Mechanism = Literal["cgroup-v2", "cgroup-v1", "rlimit", "unavailable"]
+
+LIMIT_OPTIONS: Final = (
+    ("memory", int, "BYTES"),
+    ("cpu", float, "SECONDS"),
+    ("processes", int, "N"),
+    ("file_size", int, "BYTES"),
+    ("open_files", int, "N"),
+)
+"""Each limit's command-line option (``--limit-<name>``, ``-`` for ``_``), type and unit.
+
+execd takes them as its defaults, ``harnessd exec`` as the limits of its command.
+"""
 
 MAX_BYTES: Final = 2**62
 MAX_CPU: Final = 30 * 24 * 3600.0
@@ -85,3 +103,17 @@ def as_limits(value: Limits | Mapping[str, float] | None) -> Limits | None:
     if value is None or isinstance(value, Limits):
         return value
     return msgspec.convert(dict(value), Limits)
+
+
+def option_name(limit: str) -> str:
+    """The command-line option of ``limit``: ``--limit-file-size`` for ``file_size``."""
+    return "--limit-" + limit.replace("_", "-")
+
+
+def from_options(values: Mapping[str, float | None]) -> Limits | None:
+    """The limits given on a command line (None for an option not given); None if none was.
+
+    Raises ``msgspec.ValidationError`` for a value out of range.
+    """
+    limits = msgspec.convert({k: v for k, v in values.items() if v is not None}, Limits)
+    return None if limits.is_empty() else limits

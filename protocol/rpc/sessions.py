@@ -146,6 +146,10 @@ class RunResult(Schema):
     ``interrupted``: an interrupt (or the timeout) was sent; ``timed_out``:
     the command ran past ``timeout``. ``stdout_dropped``/``stderr_dropped``
     count bytes lost between head and tail. ``duration`` is in seconds.
+    ``limit_exceeded`` names the session's limit this command ran into (see
+    :mod:`protocol.rpc.resources`), judged from this command alone (its exit
+    status, the cgroup events counted while it ran) or, when the command
+    ended the shell, from how the shell ended.
     """
 
     exit_code: int | None = None
@@ -159,6 +163,10 @@ class RunResult(Schema):
     interrupted: bool = False
     session_ended: bool = False
     duration: float = 0.0
+    #: The session's limit this command ran into, where it can be told (``protocol.rpc.resources``).
+    limit_exceeded: LimitName | None = None
+    #: How each limit of the session is enforced (as in its :class:`SessionInfo`).
+    limits: dict[LimitName, Mechanism] | None = None
 
 
 class InterruptParams(Schema):

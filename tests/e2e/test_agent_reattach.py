@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,13 @@ import pytest
 from harnessd.agent import AgentSession
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import ToolConfig
 from harnessd.trace import Trace
 from tests.conftest import eventually, one_loop
 from tests.support.cut_proxy import CutProxy
+from tests.support.hooked_model import Hook
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
 
@@ -55,35 +55,14 @@ async def proxied_session(
             await proxy.close()
 
 
-class CutDuringTools:
-    """A scripted model that, on turn ``at``, arms a cut for when the tools are all running."""
+async def cut_when_all_started(proxy: CutProxy, started: Path) -> None:
+    """Cut the connection once every tool call of the turn has written its line to ``started``."""
 
-    def __init__(self, inner: ScriptedModel, at: int, proxy: CutProxy, started: Path) -> None:
-        self.inner = inner
-        self.at = at
-        self.proxy = proxy
-        self.started = started
-        self.turn = 0
-        self.cutter: asyncio.Task[None] | None = None
+    def all_started() -> bool:
+        return started.exists() and len(started.read_text().splitlines()) == CALLS
 
-    @property
-    def name(self) -> str:
-        return "cut-during-tools"
-
-    async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
-    ) -> AssistantTurn:
-        self.turn += 1
-        if self.turn == self.at:
-            self.cutter = asyncio.ensure_future(self._cut_when_all_started())
-        return await self.inner.complete(messages, tools)
-
-    async def _cut_when_all_started(self) -> None:
-        def all_started() -> bool:
-            return self.started.exists() and len(self.started.read_text().splitlines()) == CALLS
-
-        await eventually(all_started, timeout=30, what="every tool call started")
-        assert self.proxy.cut() == 1
+    await eventually(all_started, timeout=30, what="every tool call started")
+    assert proxy.cut() == 1
 
 
 @pytest.mark.parametrize("live_output", [False, True], ids=["collected", "streamed"])
@@ -107,7 +86,12 @@ async def test_a_turn_of_eight_calls_cut_in_the_middle_completes_with_every_resu
         {"content": "done"},
     ]
     async with proxied_session(tmp_path) as (session, proxy):
-        model = CutDuringTools(ScriptedModel(turns), at=1, proxy=proxy, started=started)
+        cutters: list[asyncio.Task[None]] = []
+
+        async def arm_the_cut() -> None:
+            cutters.append(asyncio.ensure_future(cut_when_all_started(proxy, started)))
+
+        model = Hook(ScriptedModel(turns), at=1, action=arm_the_cut)
         agent = AgentSession(
             model,
             lambda: session.client,
@@ -119,8 +103,7 @@ async def test_a_turn_of_eight_calls_cut_in_the_middle_completes_with_every_resu
         before = session.client
         result = await agent.run("eight calls")
         agent.trace.close()
-        assert model.cutter is not None
-        await model.cutter
+        await cutters.pop()
         assert proxy.cuts == 1 and session.client is not before
         assert result.stop_reason == "finished" and result.tool_errors == 0
         texts = [tool.text for tool in result.turns[0].results]

@@ -16,7 +16,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient
 from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
+from harnessd.models import Model
 from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
@@ -37,6 +37,7 @@ from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop
 from tests.support.chat_endpoint import ChatEndpoint
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.hooked_model import Hook
 from tests.support.procs import cmdline
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
@@ -57,6 +58,11 @@ def workspace(tmp_path: Path, name: str = "ws") -> str:
     root = tmp_path / name
     root.mkdir(exist_ok=True)
     return str(root)
+
+
+def agent_in(session: Session, model: Model, root: str, **options: Any) -> AgentSession:
+    """An agent on ``session``'s client whose tools work under ``root``."""
+    return AgentSession(model, lambda: session.client, tools=ToolConfig(root=root), **options)
 
 
 def marked_running(marker: str, needle: str) -> list[int]:
@@ -274,9 +280,7 @@ async def test_scripted_session_uses_service_and_session_tools(tmp_path: Path) -
         ]
     )
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(
-            model, lambda: session.client, tools=ToolConfig(root=root), tool_prefix="a1-"
-        )
+        agent = agent_in(session, model, root, tool_prefix="a1-")
         result = await agent.run("services and sessions")
         assert result.stop_reason == "finished"
         t1, t2, t3, t4 = (turn.results for turn in result.turns[:4])
@@ -308,7 +312,7 @@ async def test_independent_calls_of_one_turn_run_concurrently(tmp_path: Path) ->
     calls = [{"name": "shell", "arguments": {"command": "sleep 1"}} for _ in range(6)]
     model = ScriptedModel([{"tool_calls": calls}, {"content": "done"}])
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
+        agent = agent_in(session, model, root)
         result = await agent.run("sleep a lot")
         turn = result.turns[0]
         assert all(r.ok for r in turn.results)
@@ -370,12 +374,7 @@ async def test_openai_compatible_endpoint_drives_a_session_and_the_key_stays_out
     model = OpenAIChatModel("e2e-model", endpoint.base_url, KEY_VAR, timeout=30.0)
     launch = serve(LocalRuntime(scrub=[KEY_VAR]), **private(tmp_path))
     async with launch as session:
-        agent = AgentSession(
-            model,
-            lambda: session.client,
-            tools=ToolConfig(root=root),
-            trace=Trace(trace_path),
-        )
+        agent = agent_in(session, model, root, trace=Trace(trace_path))
         result = await agent.run("take notes")
         agent.trace.close()
         assert result.stop_reason == "finished"
@@ -476,12 +475,7 @@ async def test_turn_timeout_kills_the_commands_of_the_turn(tmp_path: Path) -> No
         ]
     )
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(
-            model,
-            lambda: session.client,
-            tools=ToolConfig(root=root),
-            limits=AgentLimits(turn_timeout=4.0),
-        )
+        agent = agent_in(session, model, root, limits=AgentLimits(turn_timeout=4.0))
         task = asyncio.create_task(agent.run("sleep"))
         # While the turn runs, its sleeps are there.
         await eventually(
@@ -508,7 +502,7 @@ async def test_cancelling_a_session_kills_its_commands(tmp_path: Path) -> None:
         [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]}]
     )
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(model, lambda: session.client, tools=ToolConfig(root=root))
+        agent = agent_in(session, model, root)
         task = asyncio.create_task(agent.run("sleep"))
         await eventually(lambda: marked_running(session.marker, "sleep 300"), what="the sleep")
         task.cancel()
@@ -523,11 +517,8 @@ async def test_session_timeout_stops_the_session_and_its_commands(tmp_path: Path
         [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]}]
     )
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(
-            model,
-            lambda: session.client,
-            tools=ToolConfig(root=root),
-            limits=AgentLimits(session_timeout=1.5, turn_timeout=None),
+        agent = agent_in(
+            session, model, root, limits=AgentLimits(session_timeout=1.5, turn_timeout=None)
         )
         result = await agent.run("sleep")
         assert result.stop_reason == "session_timeout"
@@ -542,42 +533,13 @@ async def test_max_turns_ends_the_session(tmp_path: Path) -> None:
     turn = {"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]}
     model = ScriptedModel([turn] * 5)
     async with serve(LocalRuntime(), **private(tmp_path)) as session:
-        agent = AgentSession(
-            model,
-            lambda: session.client,
-            tools=ToolConfig(root=root),
-            limits=AgentLimits(max_turns=3),
-        )
+        agent = agent_in(session, model, root, limits=AgentLimits(max_turns=3))
         result = await agent.run("loop")
         assert result.stop_reason == "max_turns" and len(result.turns) == 3
         assert model.remaining == 2
 
 
 # -- ledger sync across a reconnect and an execd restart ----------------------------------------
-
-
-class Hook:
-    """A model wrapper that runs ``action`` before answering turn ``at``."""
-
-    def __init__(
-        self, inner: ScriptedModel, at: int, action: Callable[[], Coroutine[Any, Any, None]]
-    ) -> None:
-        self.inner = inner
-        self.at = at
-        self.action = action
-        self.turn = 0
-
-    @property
-    def name(self) -> str:
-        return "hooked"
-
-    async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
-    ) -> AssistantTurn:
-        self.turn += 1
-        if self.turn == self.at:
-            await self.action()
-        return await self.inner.complete(messages, tools)
 
 
 def shell_turns(count: int) -> list[dict[str, Any]]:

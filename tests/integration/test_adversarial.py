@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import resource
 import secrets
 import selectors
 import signal
@@ -60,7 +59,7 @@ from protocol.rpc import ledger as ledger_rpc
 from protocol.rpc import shell as shell_rpc
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import cmdline, descriptors
+from tests.support.procs import allow_open_files, cmdline, descriptors
 
 pytestmark = [
     pytest.mark.anyio,
@@ -475,12 +474,7 @@ async def test_slow_handshake_is_cut_at_the_deadline(daemon: RunningExecd) -> No
 
 async def test_thousand_unauthenticated_connections(daemon: RunningExecd) -> None:
     count = 1000
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = count + 256
-    if soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(f"needs {need} open files, the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    allow_open_files(count)
 
     def open_batch(size: int) -> list[socket.socket]:
         batch: list[socket.socket] = []

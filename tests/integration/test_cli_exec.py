@@ -231,6 +231,46 @@ def test_a_positive_timeout_kills_the_command(execd: RunningExecd) -> None:
     assert "timed out" in cli.one_line(done.stderr, PROG)
 
 
+def test_limits_bound_the_command_and_the_one_it_ran_into_is_named(
+    execd: RunningExecd, tmp_path: Path
+) -> None:
+    counted = _run(
+        execd, "--limit-open-files", "77", "--limit-cpu", "30", "--", "sh", "-c", "ulimit -n"
+    )
+    assert (counted.returncode, counted.stdout, counted.stderr) == (0, "77\n", "")
+    big = tmp_path / "big"
+    written = _run(
+        execd,
+        "--limit-file-size",
+        str(1 << 20),
+        "--",
+        "dd",
+        "if=/dev/zero",
+        f"of={big}",
+        "bs=1M",
+        "count=4",
+    )
+    assert written.returncode == 128 + signal.SIGXFSZ
+    assert big.stat().st_size <= 1 << 20
+    assert "ran into its file_size limit" in written.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("value", ["2", "many", "-5"])
+def test_a_limit_out_of_range_is_a_usage_error(execd: RunningExecd, value: str) -> None:
+    done = _run(execd, "--limit-open-files", value, "--", "true")
+    assert done.returncode == 2
+    assert "--limit-open-files" in cli.one_line(done.stderr, PROG) or "open_files" in done.stderr
+
+
+def test_a_limit_above_execds_own_is_refused(tmp_path: Path) -> None:
+    with start_execd(tmp_path, "--limit-open-files", "64") as daemon:
+        lowered = _run(daemon, "--limit-open-files", "32", "--", "sh", "-c", "ulimit -n")
+        raised = _run(daemon, "--limit-open-files", "100", "--", "true")
+    assert (lowered.returncode, lowered.stdout) == (0, "32\n")
+    assert raised.returncode == 2
+    assert "open_files" in cli.one_line(raised.stderr, PROG)
+
+
 @pytest.mark.parametrize("port", ["0", "70000", "99999", "-1", "http"])
 def test_a_port_outside_1_to_65535_is_refused(port: str) -> None:
     done = cli.run("harnessd", "exec", "--port", port, "--", "true", env={"EXECD_TOKEN": "x"})
@@ -240,13 +280,7 @@ def test_a_port_outside_1_to_65535_is_refused(port: str) -> None:
 
 
 def test_token_file_mistakes_name_the_file(tmp_path: Path) -> None:
-    empty = tmp_path / "empty-token"
-    empty.write_text("\n")
-    for path, why in (
-        (tmp_path / "missing-token", "No such file"),
-        (tmp_path, "Is a directory"),
-        (empty, "empty"),
-    ):
+    for path, why in cli.token_file_mistakes(tmp_path):
         done = cli.run("harnessd", "exec", "--port", "1", "--token-file", str(path), "--", "true")
         assert done.returncode == 2, done.stderr
         line = cli.one_line(done.stderr, PROG)

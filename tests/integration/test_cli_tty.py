@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import signal
@@ -10,7 +11,9 @@ import sys
 import termios
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +27,22 @@ def execd(tmp_path: Path) -> Iterator[RunningExecd]:
         yield daemon
 
 
-def _start(execd: RunningExecd, *argv: str) -> tuple[subprocess.Popen[bytes], int, int]:
+@dataclass
+class _Exec:
+    """A running ``harnessd exec -it`` on a fresh pseudo-terminal, in raw mode."""
+
+    proc: subprocess.Popen[bytes]
+    master: int
+    slave: int
+    #: The terminal's attributes before exec changed them.
+    before: list[Any]
+
+
+@contextlib.contextmanager
+def _exec_it(execd: RunningExecd, *argv: str) -> Iterator[_Exec]:
+    """Start ``harnessd exec -it -- argv`` on a new pty and wait for raw mode; kill and close after."""
     master, slave = pty.openpty()
+    before = termios.tcgetattr(slave)
     env = dict(os.environ, EXECD_TOKEN=execd.token, TERM="xterm")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harnessd", "exec", "-it", "--port", str(execd.port), "--", *argv],
@@ -35,7 +52,16 @@ def _start(execd: RunningExecd, *argv: str) -> tuple[subprocess.Popen[bytes], in
         env=env,
         start_new_session=True,
     )
-    return proc, master, slave
+    try:
+        # Raw mode here: the local line discipline no longer echoes or cooks.
+        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        yield _Exec(proc, master, slave, before)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
 
 
 def _read_until(master: int, wanted: bytes, timeout: float = 20.0) -> bytes:
@@ -52,42 +78,23 @@ def _read_until(master: int, wanted: bytes, timeout: float = 20.0) -> bytes:
 
 
 def test_exec_it_restores_the_local_terminal_and_returns_the_status(execd: RunningExecd) -> None:
-    proc, master, slave = _start(execd, "sh")
-    before = termios.tcgetattr(slave)
-    try:
-        # Raw mode here: the local line discipline no longer echoes or cooks.
-        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
-        os.write(master, b"tty; stty size; exit 7\r")
-        output = _read_until(master, b"exit 7")
-        assert proc.wait(timeout=30) == 7
-        output += _drain(master)
+    with _exec_it(execd, "sh") as run:
+        os.write(run.master, b"tty; stty size; exit 7\r")
+        output = _read_until(run.master, b"exit 7")
+        assert run.proc.wait(timeout=30) == 7
+        output += _drain(run.master)
         assert b"/dev/pts/" in output
-        assert termios.tcgetattr(slave) == before
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-        os.close(slave)
+        assert termios.tcgetattr(run.slave) == run.before
 
 
 def test_exec_it_ctrl_c_reaches_the_remote_program(execd: RunningExecd) -> None:
-    proc, master, slave = _start(execd, "sh", "-c", "sleep 30; echo after-$?")
-    before = termios.tcgetattr(slave)
-    try:
-        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+    with _exec_it(execd, "sh", "-c", "sleep 30; echo after-$?") as run:
         # Ctrl-C reaches the remote sleep once it runs (before, it would be typed-ahead input).
         eventually_blocking(_remote_sleep_running, what="remote sleep running")
-        os.write(master, b"\x03")
-        status = proc.wait(timeout=30)
+        os.write(run.master, b"\x03")
+        status = run.proc.wait(timeout=30)
         assert status in (130, 0), status
-        assert termios.tcgetattr(slave) == before
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-        os.close(slave)
+        assert termios.tcgetattr(run.slave) == run.before
 
 
 def _remote_sleep_running() -> bool:
@@ -115,23 +122,14 @@ def _drain(master: int) -> bytes:
 
 @pytest.mark.parametrize("way_out", ["sigterm", "lost connection"])
 def test_exec_it_restores_the_terminal_on_every_way_out(execd: RunningExecd, way_out: str) -> None:
-    proc, master, slave = _start(execd, "sh")
-    before = termios.tcgetattr(slave)
-    try:
-        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
-        os.write(master, b"echo ready-$((6*7))\r")
-        _read_until(master, b"ready-42")
+    with _exec_it(execd, "sh") as run:
+        os.write(run.master, b"echo ready-$((6*7))\r")
+        _read_until(run.master, b"ready-42")
         if way_out == "sigterm":
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+            run.proc.send_signal(signal.SIGTERM)
+            assert run.proc.wait(timeout=30) == 128 + signal.SIGTERM
         else:
             execd.proc.kill()
             execd.proc.wait()
-            assert proc.wait(timeout=30) == 255
-        assert termios.tcgetattr(slave) == before
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
-        os.close(slave)
+            assert run.proc.wait(timeout=30) == 255
+        assert termios.tcgetattr(run.slave) == run.before

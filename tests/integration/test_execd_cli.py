@@ -54,13 +54,7 @@ def test_a_bad_option_value_is_a_usage_error(option: str, value: str) -> None:
 
 
 def test_token_file_mistakes_name_the_file(tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
-    empty.write_text(" \n")
-    for path, why in (
-        (tmp_path / "missing", "No such file"),
-        (tmp_path, "Is a directory"),
-        (empty, "empty"),
-    ):
+    for path, why in cli.token_file_mistakes(tmp_path):
         _refused(_execd("--token-file", str(path)), 2, str(path), why)
 
 

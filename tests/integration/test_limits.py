@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import sys
 import time
@@ -49,7 +50,7 @@ async def test_memory_limit_stops_the_allocation_and_execd_stays_responsive(
     assert b"allocated" not in result.stdout
     assert result.exit_code != 0
     assert result.limits is not None
-    if await _mechanism(client, "memory") == "cgroup-v1":
+    if (await _mechanism(client, "memory")).startswith("cgroup"):
         assert result.limit_exceeded == "memory"
         assert result.signal == signal.SIGKILL
     else:
@@ -70,7 +71,7 @@ async def test_processes_limit_bounds_forks_and_leaves_nothing(client: ExecdClie
     assert result.exit_code == 0, result.stderr
     started = int(result.stdout)
     assert 0 < started < 64
-    if mechanism == "cgroup-v1":
+    if mechanism.startswith("cgroup"):
         assert result.limit_exceeded == "processes"
     await client.cleanup()
     marker = (await client.server_info()).marker
@@ -106,7 +107,9 @@ async def test_file_size_limit_ends_a_large_write(client: ExecdClient, tmp_path:
 async def test_cpu_limit_ends_a_busy_loop(client: ExecdClient) -> None:
     result = await client.run(["sh", "-c", "while :; do :; done"], limits={"cpu": 1.0})
     assert result.limit_exceeded == "cpu"
-    assert result.signal == signal.SIGXCPU
+    # RLIMIT_CPU signals the process; execd's watch of a cgroup's CPU time kills the cgroup.
+    rlimit = await _mechanism(client, "cpu") == "rlimit"
+    assert result.signal == (signal.SIGXCPU if rlimit else signal.SIGKILL)
 
 
 async def test_limits_apply_to_streaming_and_detached_commands(client: ExecdClient) -> None:
@@ -132,7 +135,10 @@ async def test_limits_in_force_from_the_first_instruction(client: ExecdClient) -
     lines = {line[:26].strip(): line[26:].split() for line in result.stdout.decode().splitlines()}
     assert lines["Max open files"][:2] == ["100", "100"]
     assert lines["Max file size"][:2] == [str(1 << 20), str(1 << 20)]
-    assert lines["Max cpu time"][:2] == ["3", "4"]
+    if await _mechanism(client, "cpu") == "rlimit":
+        assert lines["Max cpu time"][:2] == ["3", "4"]
+    else:
+        assert lines["Max cpu time"][:2] == ["unlimited", "unlimited"]
 
 
 async def test_a_missing_program_is_refused_as_without_limits(client: ExecdClient) -> None:
@@ -145,7 +151,8 @@ async def test_defaults_apply_and_cannot_be_raised(client: ExecdClient) -> None:
     info = await client.server_info()
     assert info.limits is not None and info.limits.defaults == Limits(open_files=64, cpu=5.0)
     result = await client.run(["sh", "-c", "ulimit -n; ulimit -t"])
-    assert result.stdout.split() == [b"64", b"5"]
+    cpu = b"5" if await _mechanism(client, "cpu") == "rlimit" else b"unlimited"
+    assert result.stdout.split() == [b"64", cpu]
     lowered = await client.run(["sh", "-c", "ulimit -n"], limits={"open_files": 32})
     assert lowered.stdout.strip() == b"32"
     with pytest.raises(InvalidParams) as raised:
@@ -175,7 +182,7 @@ async def test_services_take_limits_and_report_the_verdict(client: ExecdClient) 
     info = await client.start_service(
         "spin", ["sh", "-c", "ulimit -n; while :; do :; done"], limits={"cpu": 1, "open_files": 99}
     )
-    assert info.limits == {"cpu": "rlimit", "open_files": "rlimit"}
+    assert info.limits == {"cpu": await _mechanism(client, "cpu"), "open_files": "rlimit"}
 
     async def ended() -> object:
         status = await client.service_status("spin")
@@ -197,3 +204,46 @@ async def test_session_shells_take_limits(client: ExecdClient) -> None:
         await client.open_session("bad", limits={"open_files": 1})
     with pytest.raises(InvalidParams):
         await client.open_session("bad", limits=Limits(open_files=1))
+
+
+async def test_session_runs_carry_their_own_verdict(client: ExecdClient, tmp_path: object) -> None:
+    await client.open_session("verdicts", limits={"memory": 256 << 20, "file_size": 1 << 20})
+    big = os.path.join(str(tmp_path), "big")
+    written = await client.session_run("verdicts", f"dd if=/dev/zero of={big} bs=1M count=4")
+    assert written.exit_code == 128 + signal.SIGXFSZ
+    assert written.limit_exceeded == "file_size"
+    assert written.limits is not None and written.limits["file_size"] == "rlimit"
+    allocated = await client.session_run("verdicts", f"{sys.executable} -c {shlex.quote(ALLOCATE)}")
+    assert b"allocated" not in allocated.stdout
+    assert not allocated.session_ended
+    if (await _mechanism(client, "memory")).startswith("cgroup"):
+        # The OOM kill in the session's memory cgroup happened during this command.
+        assert allocated.limit_exceeded == "memory"
+    else:
+        assert allocated.limit_exceeded is None
+    # The verdict is per command: the next one ran into nothing.
+    clean = await client.session_run("verdicts", "echo fine")
+    assert clean.stdout == b"fine\n" and clean.limit_exceeded is None
+    await client.close_session_shell("verdicts")
+
+
+SPIN = "import time\nwhile time.process_time() < 0.6:\n    pass\nprint('spun')"
+"""0.6 CPU seconds of work, then done."""
+
+
+async def test_a_sessions_cpu_budget_holds_per_command(client: ExecdClient) -> None:
+    await client.open_session("budget", limits={"cpu": 1.0})
+    spin = f"{sys.executable} -c {shlex.quote(SPIN)}"
+    # Two commands of 0.6 s each: more than the budget together, each within it.
+    for _ in range(2):
+        done = await client.session_run("budget", spin)
+        assert (done.exit_code, done.stdout, done.limit_exceeded) == (0, b"spun\n", None)
+    looped = await client.session_run("budget", "sh -c 'while :; do :; done'")
+    assert looped.limit_exceeded == "cpu"
+    if await _mechanism(client, "cpu") == "rlimit":
+        # RLIMIT_CPU ended the looping process; the shell goes on.
+        assert looped.exit_code == 128 + signal.SIGXCPU and not looped.session_ended
+    else:
+        # The session's cgroup went past the command's budget: all of it was killed.
+        assert looped.session_ended and looped.signal == signal.SIGKILL
+    await client.close_session_shell("budget")

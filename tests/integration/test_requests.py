@@ -37,44 +37,61 @@ async def proxy(execd: RunningExecd) -> AsyncIterator[CutProxy]:
         await cut.close()
 
 
-async def connect(execd: RunningExecd, port: int, within: float = 20.0) -> ExecdClient:
-    return await harnessd.connect("127.0.0.1", port, execd.token, reattach_within=within)
+class Clients:
+    """Clients of execd through the cut proxy; the fixture closes them all at the end."""
+
+    def __init__(self, execd: RunningExecd, proxy: CutProxy) -> None:
+        self.execd = execd
+        self.proxy = proxy
+        self.opened: list[ExecdClient] = []
+
+    async def connect(self) -> ExecdClient:
+        client = await harnessd.connect(
+            "127.0.0.1", self.proxy.port, self.execd.token, reattach_within=20.0
+        )
+        self.opened.append(client)
+        return client
+
+    async def reconnect(self, lost: ExecdClient) -> ExecdClient:
+        """A new client that adopts what ``lost`` had in flight."""
+        await eventually(lambda: lost.closed, what="the cut noticed")
+        fresh = await self.connect()
+        fresh.adopt(lost.take_orphans())
+        return fresh
 
 
-async def reconnect(execd: RunningExecd, port: int, lost: ExecdClient) -> ExecdClient:
-    """A new client that adopts what ``lost`` had in flight."""
-    await eventually(lambda: lost.closed, what="the cut noticed")
-    fresh = await connect(execd, port)
-    fresh.adopt(lost.take_orphans())
-    return fresh
+@pytest.fixture
+async def clients(execd: RunningExecd, proxy: CutProxy) -> AsyncIterator[Clients]:
+    opened = Clients(execd, proxy)
+    try:
+        yield opened
+    finally:
+        for client in opened.opened:
+            await client.close()
 
 
 @pytest.mark.execd_args("--request-grace", "20")
 async def test_a_command_cut_mid_way_finishes_once_and_its_result_arrives(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     target = tmp_path / "f"
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     run = asyncio.ensure_future(client.run(command=SLOW_APPEND.format(f=target)))
     await eventually(target.exists, what="the command started")
     assert proxy.cut() == 1
-    fresh = await reconnect(execd, proxy.port, client)
-    try:
-        result = await run
-        assert (result.exit_code, result.stdout, result.stderr) == (0, b"done\n", b"")
-        assert target.read_text() == "x\n"
-    finally:
-        await fresh.close()
-        await client.close()
+    await clients.reconnect(client)
+    result = await run
+    assert (result.exit_code, result.stdout, result.stderr) == (0, b"done\n", b"")
+    assert target.read_text() == "x\n"
 
 
 @pytest.mark.execd_args("--request-grace", "20")
 async def test_streamed_output_resumes_from_the_bytes_the_client_holds(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     script = f"seq 1 2000; while [ ! -e {gate} ]; do sleep 0.05; done; seq 2001 4000"
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     command = client.run_streaming(command=script)
     received = bytearray()
 
@@ -86,24 +103,20 @@ async def test_streamed_output_resumes_from_the_bytes_the_client_holds(
     reader = asyncio.ensure_future(collect())
     await eventually(lambda: received.endswith(b"2000\n"), what="the first half")
     proxy.cut()
-    fresh = await reconnect(execd, proxy.port, client)
-    try:
-        gate.touch()
-        await reader
-        assert (await command.result()).exit_code == 0
-        expected = "".join(f"{i}\n" for i in range(1, 4001)).encode()
-        assert bytes(received) == expected
-    finally:
-        await fresh.close()
-        await client.close()
+    await clients.reconnect(client)
+    gate.touch()
+    await reader
+    assert (await command.result()).exit_code == 0
+    expected = "".join(f"{i}\n" for i in range(1, 4001)).encode()
+    assert bytes(received) == expected
 
 
 @pytest.mark.execd_args("--request-grace", "0.3")
 async def test_past_the_grace_the_command_is_killed_and_the_reattach_says_so(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    execd: RunningExecd, clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     target = tmp_path / "f"
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     handle = client.start(
         "shell.run", {"command": f"echo x >> {target}; sleep 2; echo done >> {target}"}
     )
@@ -111,17 +124,13 @@ async def test_past_the_grace_the_command_is_killed_and_the_reattach_says_so(
     await eventually(target.exists, what="the command started")
     proxy.cut()
     await eventually(lambda: "no reattach within" in execd.log(), what="the grace expired")
-    fresh = await connect(execd, proxy.port)
-    try:
-        with pytest.raises(harnessd.Cancelled, match="cancelled: connection lost"):
-            await fresh.reattach(rid).result()
-        # Killed: the rest of the command never ran (2 s after the start, it would have).
-        with pytest.raises(harnessd.Cancelled):
-            await fresh.reattach(rid).result()
-        assert target.read_text() == "x\n"
-    finally:
-        await fresh.close()
-        await client.close()
+    fresh = await clients.connect()
+    with pytest.raises(harnessd.Cancelled, match="cancelled: connection lost"):
+        await fresh.reattach(rid).result()
+    # Killed: the rest of the command never ran (2 s after the start, it would have).
+    with pytest.raises(harnessd.Cancelled):
+        await fresh.reattach(rid).result()
+    assert target.read_text() == "x\n"
 
 
 async def test_a_restarted_execd_says_not_known_and_nothing_runs_twice(tmp_path: Path) -> None:
@@ -152,21 +161,17 @@ async def test_a_restarted_execd_says_not_known_and_nothing_runs_twice(tmp_path:
 
 
 async def test_a_call_cut_before_it_arrived_is_sent_again_and_runs_once(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     target = tmp_path / "f"
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     proxy.cut_after("up", 12)  # inside the call's frame: execd never gets it
     run = asyncio.ensure_future(client.run(command=f"echo x >> {target}; echo ran"))
-    fresh = await reconnect(execd, proxy.port, client)
-    try:
-        result = await run
-        assert (result.exit_code, result.stdout) == (0, b"ran\n")
-        assert target.read_text() == "x\n"
-        assert proxy.cuts == 1
-    finally:
-        await fresh.close()
-        await client.close()
+    await clients.reconnect(client)
+    result = await run
+    assert (result.exit_code, result.stdout) == (0, b"ran\n")
+    assert target.read_text() == "x\n"
+    assert proxy.cuts == 1
 
 
 @pytest.mark.execd_args("--request-retention", "3")
@@ -208,13 +213,13 @@ async def test_a_call_resent_with_a_known_id_does_not_run_again(
 
 @pytest.mark.execd_args("--request-grace", "20")
 async def test_a_streamed_write_cut_at_half_completes_once_or_leaves_nothing_torn(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     size = 64 * 1024 * 1024
     payload = os.urandom(1024 * 1024) * 64
     target = tmp_path / "big.bin"
     target.write_bytes(b"before")
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     proxy.cut_after("up", size // 2)
     try:
         await client.write_file(str(target), payload)
@@ -223,44 +228,34 @@ async def test_a_streamed_write_cut_at_half_completes_once_or_leaves_nothing_tor
         completed = False
     assert proxy.cuts == 1
     print("completed on reattach" if completed else "failed cleanly; written again")
-    fresh = await reconnect(execd, proxy.port, client)
-    try:
-        if completed:
-            assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(payload).digest()
-        else:
-            # The upload broke: the atomic write left the target as it was, and no
-            # temporary file beside it.
-            assert target.read_bytes() == b"before"
-            await eventually(
-                lambda: (
-                    sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("big"))
-                    == ["big.bin"]
-                ),
-                what="the temporary file removed",
-            )
-            # Now written whole, once, on the new connection.
-            await fresh.write_file(str(target), payload)
-            assert target.stat().st_size == size
-            assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(payload).digest()
-    finally:
-        await fresh.close()
-        await client.close()
+    fresh = await clients.reconnect(client)
+    if not completed:
+        # The upload broke: the atomic write left the target as it was, and no
+        # temporary file beside it.
+        assert target.read_bytes() == b"before"
+        await eventually(
+            lambda: (
+                sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("big"))
+                == ["big.bin"]
+            ),
+            what="the temporary file removed",
+        )
+        # Now written whole, once, on the new connection.
+        await fresh.write_file(str(target), payload)
+        assert target.stat().st_size == size
+    assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(payload).digest()
 
 
 @pytest.mark.execd_args("--request-grace", "20")
 async def test_a_streamed_read_resumes_from_the_clients_offset(
-    execd: RunningExecd, proxy: CutProxy, tmp_path: Path
+    clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     payload = os.urandom(24 * 1024 * 1024)
     source = tmp_path / "src.bin"
     source.write_bytes(payload)
-    client = await connect(execd, proxy.port)
+    client = await clients.connect()
     proxy.cut_after("down", 9 * 1024 * 1024)
     read = asyncio.ensure_future(client.read_file(str(source)))
-    fresh = await reconnect(execd, proxy.port, client)
-    try:
-        assert await read == payload
-        assert proxy.cuts == 1
-    finally:
-        await fresh.close()
-        await client.close()
+    await clients.reconnect(client)
+    assert await read == payload
+    assert proxy.cuts == 1

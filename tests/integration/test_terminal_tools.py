@@ -1,4 +1,4 @@
-"""The agent's terminal tools and the shell tool's limit verdict, through a Toolbox on a real execd."""
+"""The agent's terminal tools and the shell and session tools' limit verdicts, through a Toolbox on a real execd."""
 
 from __future__ import annotations
 
@@ -59,6 +59,20 @@ async def test_the_shell_tool_says_which_limit_stopped_the_command(client: Execd
     box = Toolbox(lambda: client, ToolConfig(limits=Limits(cpu=1)))
     result = await box.call(_call("shell", command="while :; do :; done"))
     assert "stopped by its cpu limit" in result.text
+
+
+async def test_the_session_tool_says_which_limit_stopped_the_command(
+    client: ExecdClient, tmp_path: object
+) -> None:
+    box = Toolbox(lambda: client, ToolConfig(limits=Limits(file_size=1 << 20)))
+    big = f"{tmp_path}/big"
+    result = await box.call(
+        _call("session_run", session="s", command=f"dd if=/dev/zero of={big} bs=1M count=4")
+    )
+    assert "exit code 153; stopped by its file_size limit" in result.text, result.text
+    after = await box.call(_call("session_run", session="s", command="echo fine"))
+    assert "limit" not in after.text, after.text
+    await box.close()
 
 
 def test_screen_text_removes_escapes_and_carriage_returns() -> None:

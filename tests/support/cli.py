@@ -65,6 +65,20 @@ def spawn(
     )
 
 
+def token_file_mistakes(directory: Path) -> list[tuple[Path, str]]:
+    """Token files execd and ``harnessd exec`` refuse, each with what the error must say.
+
+    A missing file, a directory, and an empty file made in ``directory``.
+    """
+    empty = directory / "empty-token"
+    empty.write_text(" \n")
+    return [
+        (directory / "missing-token", "No such file"),
+        (directory, "Is a directory"),
+        (empty, "empty"),
+    ]
+
+
 def one_line(stderr: str, command: str) -> str:
     """The single stderr line of a mistake: no traceback, starts with the command's name."""
     assert "Traceback" not in stderr, stderr

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.agents import processes_mentioning
+
+
+def allow_open_files(count: int) -> None:
+    """Raise this process's soft descriptor limit to ``count`` plus headroom, or skip the test."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = count + 256
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"needs {need} open files, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def state(pid: int) -> str | None:

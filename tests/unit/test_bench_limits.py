@@ -21,7 +21,7 @@ def test_the_limits_spawn_bench_prints_its_rows() -> None:
     )
     rows = {line.split("  ")[0] for line in proc.stdout.splitlines()[2:]}
     assert "no limits" in rows
-    assert "rlimits (cpu, open_files)" in rows
+    assert "rlimits (file_size, open_files)" in rows
     in_git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode
     if in_git == 0:
         assert "baseline no limits (HEAD)" in rows

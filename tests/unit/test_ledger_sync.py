@@ -17,7 +17,6 @@ from harnessd.ledger_sync import (
     LocalLedger,
     decode_entry,
 )
-from protocol.connection import HandshakeComplete
 from protocol.rpc import ledger as rpc
 from tests.conftest import one_loop
 from tests.support.daemon import RunningExecd
@@ -37,6 +36,7 @@ class Recorder:
 
     ``lose_reply_after``: after that many appends reach execd, the next one is
     forwarded and then its reply is "lost" (ConnectionLost raised instead).
+    What it does not record (``info``, ``ledger_read``) goes to the client as is.
     """
 
     def __init__(self, client: ExecdClient, *, lose_reply_after: int | None = None) -> None:
@@ -46,31 +46,20 @@ class Recorder:
         self.heads = 0
         self.lose_reply_after = lose_reply_after
 
-    @property
-    def info(self) -> HandshakeComplete:
-        return self.client.info
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
     async def ledger_head(self, session: str) -> rpc.LedgerHead:
         self.heads += 1
         return await self.client.ledger_head(session)
 
-    async def ledger_append(
-        self,
-        session: str,
-        first_seq: int,
-        prev_hash: bytes,
-        entries: list[bytes],
-        hashes: list[bytes] | None = None,
-    ) -> rpc.LedgerHead:
-        params = rpc.AppendParams(
-            session=session,
-            first_seq=first_seq,
-            prev_hash=prev_hash,
-            entries=entries,
-            hashes=hashes,
+    async def ledger_append(self, *args: Any, **kwargs: Any) -> rpc.LedgerHead:
+        """``ExecdClient.ledger_append``: its arguments are AppendParams' fields."""
+        params = rpc.AppendParams(*args, **kwargs)
+        self.appends.append(
+            (params.first_seq, len(params.entries), len(msgspec.msgpack.encode(params)))
         )
-        self.appends.append((first_seq, len(entries), len(msgspec.msgpack.encode(params))))
-        head = await self.client.ledger_append(session, first_seq, prev_hash, entries, hashes)
+        head = await self.client.ledger_append(*args, **kwargs)
         if self.lose_reply_after is not None and len(self.appends) > self.lose_reply_after:
             raise ConnectionLost("reply lost (simulated)")
         return head
@@ -81,26 +70,17 @@ class Recorder:
         self.large.append((seq, len(payload)))
         return await self.client.ledger_append_large(session, seq, prev_hash, payload)
 
-    async def ledger_read(
-        self,
-        session: str,
-        from_seq: int = 1,
-        *,
-        limit: int | None = None,
-        prev_hash: bytes | None = None,
-    ) -> list[rpc.LedgerRecord]:
-        return await self.client.ledger_read(session, from_seq, limit=limit, prev_hash=prev_hash)
 
-
-def fill(ledger: LocalLedger, count: int, *, seed: int, max_size: int = 3000) -> None:
+def fill(ledger: LocalLedger, count: int, *, seed: int, max_size: int = 3000) -> LocalLedger:
+    """``ledger`` with ``count`` more random messages (the same ones for the same ``seed``)."""
     rng = random.Random(seed)
     for _ in range(count):
         ledger.append({"kind": "message", "content": rng.randbytes(rng.randrange(max_size)).hex()})
+    return ledger
 
 
 async def test_batches_stay_within_the_budget(client: ExecdClient) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 400, seed=1)
+    ledger = fill(LocalLedger(), 400, seed=1)
     sync = LedgerSync("budget", ledger)
     peer = Recorder(client)
     assert client.info.peer_max_frame == MAX_FRAME
@@ -125,8 +105,7 @@ async def test_batches_stay_within_the_budget(client: ExecdClient) -> None:
 async def test_an_entry_larger_than_the_budget_goes_through_append_large(
     client: ExecdClient,
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 5, seed=2, max_size=100)
+    ledger = fill(LocalLedger(), 5, seed=2, max_size=100)
     ledger.append({"kind": "tool_result", "content": "x" * (3 * MAX_FRAME)})
     fill(ledger, 5, seed=3, max_size=100)
     sync = LedgerSync("large", ledger)
@@ -165,8 +144,7 @@ async def test_each_sync_sends_only_the_new_entries(client: ExecdClient) -> None
 async def test_resume_after_a_lost_reply_and_a_reconnect(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 300, seed=5)
+    ledger = fill(LocalLedger(), 300, seed=5)
     sync = LedgerSync("lost-ack", ledger)
     # The third append reaches execd but its answer never comes back.
     lossy = Recorder(client, lose_reply_after=2)
@@ -193,8 +171,7 @@ async def test_resume_after_a_lost_reply_and_a_reconnect(
 async def test_conflict_data_moves_the_sync_to_execds_head(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    ledger = LocalLedger()
-    fill(ledger, 10, seed=6)
+    ledger = fill(LocalLedger(), 10, seed=6)
     sync = LedgerSync("conflict", ledger)
     await sync.sync(client)
     fill(ledger, 6, seed=7)
@@ -210,19 +187,15 @@ async def test_conflict_data_moves_the_sync_to_execds_head(
 async def test_divergence_is_detected_and_nothing_is_overwritten(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    original = LocalLedger()
-    fill(original, 5, seed=8)
+    original = fill(LocalLedger(), 5, seed=8)
     await LedgerSync("shared", original).sync(client)
 
     cases: list[tuple[str, LocalLedger]] = []
-    behind = LocalLedger()
-    fill(behind, 3, seed=8)  # same first 3 entries, but execd is ahead
+    behind = fill(LocalLedger(), 3, seed=8)  # same first 3 entries, but execd is ahead
     cases.append(("ahead", behind))
-    different = LocalLedger()
-    fill(different, 5, seed=9)  # same length, different content
+    different = fill(LocalLedger(), 5, seed=9)  # same length, different content
     cases.append(("differs", different))
-    longer = LocalLedger()
-    fill(longer, 8, seed=10)  # longer, different prefix
+    longer = fill(LocalLedger(), 8, seed=10)  # longer, different prefix
     cases.append(("differs", longer))
 
     for why, local in cases:

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from execd import reaper
+from execd import pipes, reaper
 from execd import spawn as sp
 
 pytestmark = pytest.mark.anyio
@@ -21,6 +21,7 @@ _REAPER_SCRIPT = textwrap.dedent(
     import asyncio, ctypes, os, sys, time
     import uvloop
     from execd import reaper as rp
+    from execd import pipes
     from execd import spawn as sp
 
     PR_SET_CHILD_SUBREAPER = 36
@@ -37,8 +38,8 @@ _REAPER_SCRIPT = textwrap.dedent(
         assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
         # A tracked child that has exited is a zombie the reaper must not take.
         child = sp.spawn(["/bin/sh", "-c", "exit 7"], env=dict(os.environ))
-        sp.PipeReader(child.stdout, sink=lambda _: None)
-        sp.PipeReader(child.stderr, sink=lambda _: None)
+        pipes.PipeReader(child.stdout, sink=lambda _: None)
+        pipes.PipeReader(child.stderr, sink=lambda _: None)
         deadline = time.monotonic() + 10
         while state(child.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.005)  # block the loop: the pidfd callback cannot run
@@ -50,8 +51,8 @@ _REAPER_SCRIPT = textwrap.dedent(
         reaper = rp.Reaper(interval=0.05)
         reaper.start()
         child = sp.spawn(["/bin/sh", "-c", "sleep 0.3 & echo $!"], env=dict(os.environ))
-        out = sp.PipeReader(child.stdout)
-        sp.PipeReader(child.stderr, sink=lambda _: None)
+        out = pipes.PipeReader(child.stdout)
+        pipes.PipeReader(child.stderr, sink=lambda _: None)
         orphan = int(await out.read())
         await child.exited
         deadline = time.monotonic() + 10
@@ -84,8 +85,8 @@ def test_reaper_reaps_orphans_but_not_tracked_children(loop: str) -> None:
 
 async def test_reaper_without_subreaper_finds_nothing_to_steal() -> None:
     child = sp.spawn(["/bin/sh", "-c", "exit 3"], env=dict(os.environ))
-    sp.PipeReader(child.stdout, sink=lambda _: None)
-    sp.PipeReader(child.stderr, sink=lambda _: None)
+    pipes.PipeReader(child.stdout, sink=lambda _: None)
+    pipes.PipeReader(child.stderr, sink=lambda _: None)
     orphans = reaper.Reaper(interval=0.01)
     orphans.start()
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 import protocol
-from protocol.rpc import Schema, all_rpcs
+from protocol.rpc import Schema, all_rpcs, files
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
 WIRE_NAMES = {type(None): "nil", bytes: "bin"}
@@ -64,3 +64,13 @@ def test_every_schema_has_the_one_configuration() -> None:
             assert issubclass(kind, Schema), kind
             config = kind.__struct_config__
             assert config.omit_defaults and not config.forbid_unknown_fields
+
+
+def test_params_from_takes_the_fields_among_the_arguments() -> None:
+    def stat(path: str, *, follow_symlinks: bool = False, unrelated: int = 3) -> files.StatParams:
+        return files.STAT.params_from(locals())
+
+    assert stat("/w/a") == files.StatParams(path="/w/a", follow_symlinks=False)
+    write = files.WRITE.params_from({"path": "/w/b", "data": b"x", "size": 9}, atomic=False)
+    # Fields not among the arguments keep their defaults; given ones set or override.
+    assert write == files.WriteParams(path="/w/b", data=b"x", atomic=False)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import signal
-import sys
-import termios
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from execd import reaper
+from execd import pipes, reaper
 from execd import spawn as sp
 from execd.errors import InvalidParams, SpawnFailed
 from tests.conftest import eventually
@@ -25,23 +22,11 @@ ENV = dict(os.environ)
 pytestmark = pytest.mark.anyio
 
 
-def pipe_full(fd: int) -> bool:
-    """Whether the pipe whose read end is ``fd`` is full (its writer would block).
-
-    Every page of the pipe's ring is full but the first, which the reader
-    may have taken part of.
-    """
-    held = bytearray(4)
-    fcntl.ioctl(fd, termios.FIONREAD, held)
-    free = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) - int.from_bytes(held, sys.byteorder)
-    return free < os.sysconf("SC_PAGESIZE")
-
-
 async def collect(child: sp.Child) -> tuple[int, bytes, bytes]:
     out: list[bytes] = []
     err: list[bytes] = []
-    r_out = sp.PipeReader(child.stdout, sink=out.append)
-    r_err = sp.PipeReader(child.stderr, sink=err.append)
+    r_out = pipes.PipeReader(child.stdout, sink=out.append)
+    r_err = pipes.PipeReader(child.stderr, sink=err.append)
     waits: list[asyncio.Future[Any]] = [child.exited, r_out.eof, r_err.eof]
     await asyncio.wait_for(asyncio.gather(*waits), 20)
     return child.exited.result(), b"".join(out), b"".join(err)
@@ -73,7 +58,7 @@ async def test_stdin_is_dev_null_unless_piped() -> None:
     child = sp.spawn(["cat"], env=ENV, stdin_pipe=True)
     assert child.stdin is not None
     collecting = asyncio.ensure_future(collect(child))
-    assert await asyncio.wait_for(sp.write_all(child.stdin, b"x" * 300_000), 20)
+    assert await asyncio.wait_for(pipes.write_all(child.stdin, b"x" * 300_000), 20)
     child.close_stdin()
     _, out, _ = await collecting
     assert out == b"x" * 300_000
@@ -81,7 +66,7 @@ async def test_stdin_is_dev_null_unless_piped() -> None:
     child = sp.spawn(["true"], env=ENV, stdin_pipe=True)
     assert child.stdin is not None
     await collect(child)
-    assert not await asyncio.wait_for(sp.write_all(child.stdin, b"y" * 300_000), 20)
+    assert not await asyncio.wait_for(pipes.write_all(child.stdin, b"y" * 300_000), 20)
     child.close_stdin()
 
 
@@ -156,25 +141,10 @@ async def test_spawn_errors_are_typed(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) <= before
 
 
-async def test_queueing_reader_applies_backpressure() -> None:
-    child = sp.spawn(["head", "-c", str(8 * 1024 * 1024), "/dev/zero"], env=ENV)
-    reader = sp.PipeReader(child.stdout, high_water=128 * 1024)
-    sp.PipeReader(child.stderr, sink=lambda _: None)
-    # Nobody reads: the reader stops taking, the pipe fills, the child blocks.
-    await eventually(lambda: pipe_full(child.stdout), what="a full pipe")
-    assert child.running
-    assert reader.queued < 128 * 1024 + sp.READ_SIZE
-    total = 0
-    while data := await reader.read():
-        total += len(data)
-    assert total == 8 * 1024 * 1024
-    await asyncio.wait_for(asyncio.shield(child.exited), 20)
-
-
 async def test_terminate_group_kills_grandchildren() -> None:
     child = sp.spawn(["/bin/sh", "-c", "sleep 300 & echo $!; wait"], env=ENV)
-    reader = sp.PipeReader(child.stdout)
-    sp.PipeReader(child.stderr, sink=lambda _: None)
+    reader = pipes.PipeReader(child.stdout)
+    pipes.PipeReader(child.stderr, sink=lambda _: None)
     grandchild = int(await reader.read())
     assert alive(grandchild)
     await asyncio.wait_for(sp.terminate_group(child, 5.0), 20)
@@ -184,8 +154,8 @@ async def test_terminate_group_kills_grandchildren() -> None:
 
 async def test_terminate_group_wakes_a_stopped_group() -> None:
     child = sp.spawn(["/bin/sh", "-c", "echo $$; kill -STOP $$; echo resumed"], env=ENV)
-    reader = sp.PipeReader(child.stdout)
-    sp.PipeReader(child.stderr, sink=lambda _: None)
+    reader = pipes.PipeReader(child.stdout)
+    pipes.PipeReader(child.stderr, sink=lambda _: None)
     await reader.read()
     await eventually(lambda: state(child.pid) == "T", what="the group stopped")
     start = time.monotonic()
@@ -199,8 +169,8 @@ async def test_terminate_group_wakes_a_stopped_group() -> None:
 async def test_terminate_group_escalates_to_sigkill() -> None:
     # The ignored SIGTERM is inherited by the background sleep too.
     child = sp.spawn(["/bin/sh", "-c", "trap '' TERM; sleep 300 & echo $!; wait"], env=ENV)
-    reader = sp.PipeReader(child.stdout)
-    sp.PipeReader(child.stderr, sink=lambda _: None)
+    reader = pipes.PipeReader(child.stdout)
+    pipes.PipeReader(child.stderr, sink=lambda _: None)
     grandchild = int(await reader.read())
     start = time.monotonic()
     await asyncio.wait_for(sp.terminate_group(child, 0.3), 20)

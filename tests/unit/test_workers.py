@@ -8,52 +8,61 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from execd.fsops import Interrupted
 from execd.workers import Work, WorkerPool
+from tests.conftest import eventually
 
 WAIT = 30.0
 
 
-async def until(condition: object, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
+async def until(condition: Callable[[], object]) -> None:
+    await eventually(condition, timeout=WAIT)
+
+
+class Blocked:
+    """A call whose unit holds a worker thread until ``release`` is set, then returns ``value``.
+
+    ``discarded`` and ``released`` record what the pool did with the unit's
+    result and with the descriptor it registered for release.
+    """
+
+    def __init__(self, pool: WorkerPool, *, grace: float, value: int) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.discarded: list[int] = []
+        self.released: list[str] = []
+
+        def work() -> int:
+            self.started.set()
+            self.release.wait(WAIT)
+            return value
+
+        async def call() -> int:
+            async with Work(pool, "lane", grace=grace) as unit:
+                unit.release(self.released.append, "fd")
+                return await unit.run(work, discard=self.discarded.append)
+
+        self.task = asyncio.create_task(call())
 
 
 def test_cancel_waits_for_a_quick_unit_and_discards_its_result() -> None:
     async def main() -> None:
-        pool = WorkerPool()
-        started, release = threading.Event(), threading.Event()
-        discarded: list[int] = []
-        released: list[str] = []
-
-        def work() -> int:
-            started.set()
-            release.wait(WAIT)
-            return 7
-
-        async def call() -> int:
-            async with Work(pool, "lane", grace=5.0) as unit:
-                unit.release(released.append, "fd")
-                return await unit.run(work, discard=discarded.append)
-
-        task = asyncio.create_task(call())
-        await until(started.is_set)
-        task.cancel()
+        call = Blocked(WorkerPool(), grace=5.0, value=7)
+        await until(call.started.is_set)
+        call.task.cancel()
         await asyncio.sleep(0.2)
-        task.cancel()  # a second cancellation must not cut the grace short
+        call.task.cancel()  # a second cancellation must not cut the grace short
         await asyncio.sleep(0.2)
-        assert not task.done(), "the cancel went through while a quick unit still ran"
-        release.set()
+        assert not call.task.done(), "the cancel went through while a quick unit still ran"
+        call.release.set()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await call.task
         # The unit ended within the grace: everything was settled before the cancel.
-        assert discarded == [7]
-        assert released == ["fd"]
+        assert call.discarded == [7]
+        assert call.released == ["fd"]
 
     asyncio.run(main())
 
@@ -61,33 +70,19 @@ def test_cancel_waits_for_a_quick_unit_and_discards_its_result() -> None:
 def test_cancel_of_a_stuck_unit_is_answered_and_releases_wait_for_it() -> None:
     async def main() -> None:
         pool = WorkerPool()
-        started, release = threading.Event(), threading.Event()
-        discarded: list[int] = []
-        released: list[str] = []
-
-        def stuck() -> int:
-            started.set()
-            release.wait(WAIT)
-            return 9
-
-        async def call() -> int:
-            async with Work(pool, "lane", grace=0.3) as unit:
-                unit.release(released.append, "fd")
-                return await unit.run(stuck, discard=discarded.append)
-
-        task = asyncio.create_task(call())
-        await until(started.is_set)
+        call = Blocked(pool, grace=0.3, value=9)
+        await until(call.started.is_set)
         cancelled_at = time.monotonic()
-        task.cancel()
+        call.task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await call.task
         assert time.monotonic() - cancelled_at < 10
         # The descriptor the unit may still use is not released under it.
-        assert released == [] and discarded == []
+        assert call.released == [] and call.discarded == []
         assert pool.running("lane") == 1
-        release.set()
-        await until(lambda: released == ["fd"])
-        assert discarded == [9]
+        call.release.set()
+        await until(lambda: call.released == ["fd"])
+        assert call.discarded == [9]
         await until(lambda: pool.running("lane") == 0)
 
     asyncio.run(main())
