@@ -23,7 +23,17 @@ from typing import Final
 
 import uvloop
 
-from bench import model_turn, resources, roundtrip, scale, swerex_peer, transfer, turn, workspace
+from bench import (
+    agent_loop,
+    model_turn,
+    resources,
+    roundtrip,
+    scale,
+    swerex_peer,
+    transfer,
+    turn,
+    workspace,
+)
 from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
@@ -78,6 +88,9 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "turn.round_trip",
     "turn.sequential",
     "turn.concurrent",
+    "loop.bare",
+    "loop.call",
+    "loop.turn",
     "scale.connect",
     "scale.rss",
     "scale.fds",
@@ -101,6 +114,12 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     *swerex_peer.ROW_KEYS,
 )
 
+
+async def _turns(env: Env) -> list[Row]:
+    """Section 8 (a turn over a simulated LAN) and 8b (the agent loop around one call)."""
+    return [*await turn.run(env), *await agent_loop.run(env)]
+
+
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("roundtrip", roundtrip.run),
     ("shell", workspace.spawn_rows),
@@ -109,7 +128,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("start", workspace.cold_start_rows),
     ("ledger", resources.ledger_rows),
     ("memory", resources.memory_rows),
-    ("turn", turn.run),
+    ("turn", _turns),
     ("scale", scale.run),
     ("model", model_turn.run),
     ("swerex", swerex_peer.run),

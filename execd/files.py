@@ -28,11 +28,13 @@ Errors: every ``OSError`` becomes the typed error of its errno
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from execd import fsops
 from execd.config import Config
@@ -118,6 +120,14 @@ def _write_whole(
     sink.commit()
 
 
+async def _abandon(ahead: asyncio.Task[Any]) -> None:
+    """Stop a read ahead nobody will use; its unit is released as a cancelled one is."""
+    ahead.cancel()
+    await asyncio.wait([ahead])
+    if not ahead.cancelled():
+        ahead.exception()  # retrieved: nobody wants the block
+
+
 async def _close_stream(stream: AsyncIterator[bytes]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
@@ -188,7 +198,9 @@ class FilesCapability:
         position = params.offset
         hit_eof = False
         ended = False
-        while True:
+
+        def next_unit() -> tuple[Work | Inline, int] | None:
+            """Where and how much the next read takes (None: the range is done)."""
             want = fsops.BLOCK
             if params.length is not None:
                 want = min(want, params.length - total)
@@ -196,39 +208,60 @@ class FilesCapability:
                 # The end is expected in this unit: one byte more lets it see the end.
                 want = size - position + 1
             if want <= 0:
-                break
-            units: Work | Inline = work
+                return None
             if inline and total <= INLINE_READ_MAX:
                 # Inline only while the file stays small (it may grow as it is read).
-                units, want = INLINE, min(want, INLINE_READ_MAX + 1 - total)
-            block, at_end = await units.run(
-                functools.partial(_read_unit, fd, want, position, hasher)
-            )
-            if not block:
-                hit_eof = True
-                break
-            hit_eof = at_end
-            total += len(block)
-            position += len(block)
-            if params.max_bytes is not None and total > params.max_bytes:
-                raise TooLarge(
-                    f"more than max_bytes={params.max_bytes} bytes to read (the file grew)",
-                    {"size": total, "max_bytes": params.max_bytes},
-                )
-            if streaming:
-                # The last block ends the stream itself: no empty chunk after it.
-                await ctx.send(DATA_STREAM, block, end=at_end)
-                ended = at_end
-            else:
-                held.append(block)
-                if total > inline_limit:
-                    streaming = True
-                    while held:
-                        piece = held.pop(0)
-                        ended = at_end and not held
-                        await ctx.send(DATA_STREAM, piece, end=ended)
-            if at_end:
-                break
+                return INLINE, min(want, INLINE_READ_MAX + 1 - total)
+            return work, want
+
+        # While a streamed block is sent, the worker thread reads the next one.
+        ahead: asyncio.Task[tuple[bytes, bool]] | None = None
+        try:
+            while True:
+                if ahead is not None:
+                    block, at_end = await ahead
+                    ahead = None
+                else:
+                    unit = next_unit()
+                    if unit is None:
+                        break
+                    units, want = unit
+                    block, at_end = await units.run(
+                        functools.partial(_read_unit, fd, want, position, hasher)
+                    )
+                if not block:
+                    hit_eof = True
+                    break
+                hit_eof = at_end
+                total += len(block)
+                position += len(block)
+                if params.max_bytes is not None and total > params.max_bytes:
+                    raise TooLarge(
+                        f"more than max_bytes={params.max_bytes} bytes to read (the file grew)",
+                        {"size": total, "max_bytes": params.max_bytes},
+                    )
+                if streaming:
+                    unit = None if at_end else next_unit()
+                    if unit is not None and unit[0] is work:
+                        ahead = asyncio.ensure_future(
+                            work.run(functools.partial(_read_unit, fd, unit[1], position, hasher))
+                        )
+                    # The last block ends the stream itself: no empty chunk after it.
+                    await ctx.send(DATA_STREAM, block, end=at_end)
+                    ended = at_end
+                else:
+                    held.append(block)
+                    if total > inline_limit:
+                        streaming = True
+                        while held:
+                            piece = held.pop(0)
+                            ended = at_end and not held
+                            await ctx.send(DATA_STREAM, piece, end=ended)
+                if at_end:
+                    break
+        finally:
+            if ahead is not None:
+                await _abandon(ahead)
         if streaming and not ended:
             await ctx.send(DATA_STREAM, b"", end=True)
         return ReadResult(

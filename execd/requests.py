@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is run by
-:meth:`RequestTable.wrap`'s handler instead of its method's own: the wrapper
-registers a :class:`Request` under the id, runs the method's handler with a
-:class:`RequestContext` and records the outcome (the encoded result, or the
-error) before handing it back to the dispatcher as usual. Three things set a
-tracked call apart from any other:
+A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is
+registered by :meth:`RequestTable.track` as a :class:`Request`, the one
+record of the call on this side: the dispatcher runs the method's handler
+with the request as its context and hands the outcome (the encoded result,
+or the error) to :meth:`RequestTable.finish` before answering as usual.
+Three things set a tracked call apart from any other:
 
 * **It does not belong to its connection.** The handler's task is the
   dispatcher's task of the original call, but when that connection closes
@@ -76,16 +76,15 @@ from typing import Any, Final
 import msgspec
 
 from execd.config import Limits
-from execd.context import CallContext, ConnectionLost, Handler, Method, bind
+from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
     Cancelled,
     ExecdError,
-    InternalError,
     InvalidParams,
     RequestNotKnown,
     StreamError,
 )
-from protocol.codec import ENCODER, to_raw
+from protocol.codec import to_raw
 from protocol.errors import ErrorCode
 from protocol.rpc import request as api
 
@@ -138,7 +137,12 @@ class _Output:
 
 
 class Request:
-    """One call known by its request id, running or finished."""
+    """One call known by its request id, running or finished: the one record the table keeps.
+
+    It is also the :class:`~execd.context.CallContext` its handler runs with:
+    output goes through it into the request's own buffers (and on to the call
+    bound to it), so it survives the connection the call came on.
+    """
 
     __slots__ = (
         "attached",
@@ -154,13 +158,21 @@ class Request:
         "rid",
         "sink",
         "streams",
+        "table",
         "task",
         "virtual_id",
     )
 
     def __init__(
-        self, rid: bytes, method: str, connection_id: int, call_id: int, virtual_id: int
+        self,
+        table: RequestTable,
+        rid: bytes,
+        method: str,
+        connection_id: int,
+        call_id: int,
+        virtual_id: int,
     ) -> None:
+        self.table = table
         self.rid = rid
         self.method = method
         self.origin_connection = connection_id
@@ -169,7 +181,7 @@ class Request:
         #: The original call's context, once its task has started.
         self.origin: CallContext | None = None
         #: (connection id, call id) of the call that gets the answer; None while unbound.
-        self.bound_to: tuple[int, int] | None = None
+        self.bound_to: tuple[int, int] | None = (connection_id, call_id)
         #: That call's context (None until it has started).
         self.sink: CallContext | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -186,19 +198,7 @@ class Request:
             out = self.streams[stream] = _Output()
         return out
 
-
-class RequestContext:
-    """The CallContext of a tracked call: output survives its connection."""
-
-    __slots__ = ("_req", "_table")
-
-    def __init__(self, req: Request, table: RequestTable) -> None:
-        self._req = req
-        self._table = table
-
-    @property
-    def call_id(self) -> int:
-        return self._req.call_id
+    # -- the CallContext of the tracked call ----------------------------------------------
 
     @property
     def connection_id(self) -> int:
@@ -206,45 +206,45 @@ class RequestContext:
         # One per connection, so that a call can still name another by its call id
         # (shell.signal), and on_close runs once the connection is closed and every
         # tracked call it started has ended.
-        return self._req.virtual_id
+        return self.virtual_id
 
     @property
     def max_chunk(self) -> int:
-        sink = self._req.sink or self._req.origin
+        sink = self.sink or self.origin
         assert sink is not None
         return sink.max_chunk
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
-        req = self._req
-        out = req.output(stream)
-        while req.bound_to is None and out.size > self._table.detached_cap:
-            await self._table.wait_attached(req)
+        out = self.output(stream)
+        table = self.table
+        while self.bound_to is None and out.size > table.detached_cap:
+            await table.wait_attached(self)
         async with out.lock:
             out.append(data)
             out.ended = out.ended or end
-            sink = req.sink
+            sink = self.sink
             if sink is None:
                 return
             try:
                 await sink.send(stream, data, end=end)
             except ConnectionLost:
                 return  # kept: an attach replays it
-            out.trim(self._table.keep)
+            out.trim(table.keep)
 
     async def receive(self, stream: str) -> AsyncIterator[bytes]:
         # Uploads come on the original call only; a lost connection ends them.
-        origin = self._req.origin
+        origin = self.origin
         assert origin is not None
         async for data in origin.receive(stream):
             yield data
 
     async def push_event(self, topic: int, name: str, data: Any) -> None:
-        origin = self._req.origin
+        origin = self.origin
         assert origin is not None
         await origin.push_event(topic, name, data)
 
     def on_close(self, callback: Callback) -> None:
-        self._table.on_virtual_close(self._req.virtual_id, callback)
+        self.table.on_virtual_close(self.virtual_id, callback)
 
 
 class RequestTable:
@@ -280,22 +280,26 @@ class RequestTable:
     def methods(self) -> list[Method]:
         return bind(self, api.RPCS)
 
-    def wrap(self, rid: bytes, method: Method, connection_id: int, call_id: int) -> Method:
-        """The method to run for call ``call_id`` of ``method`` carrying request id ``rid``.
+    def track(
+        self, rid: bytes, method: Method, connection_id: int, call_id: int
+    ) -> tuple[Method, Request | None]:
+        """What runs call ``call_id`` of ``method`` carrying request id ``rid``.
 
-        A new id is registered at once, before its task runs: a connection that
-        closes right behind the call must find it (and leave its task running).
+        The method to run, and the request to run it as (None: untracked).
+        A new id is registered at once, before its handler runs: a connection
+        that closes right behind the call must find it (and leave its task
+        running). The dispatcher runs the handler with :meth:`started`'s
+        context and hands the outcome to :meth:`finish`.
         """
         if method.name in api.CONNECTION_SCOPED:
-            return method
+            return method, None
         if rid in self._running or rid in self._finished or rid in self._evicted:
-            return Method(method.rpc, functools.partial(self._again, rid))
-        req = Request(rid, method.name, connection_id, call_id, -connection_id)
-        self._virtual_running[-connection_id] = self._virtual_running.get(-connection_id, 0) + 1
-        req.bound_to = (connection_id, call_id)
+            return Method(method.rpc, functools.partial(self._again, rid)), None
+        req = Request(self, rid, method.name, connection_id, call_id, -connection_id)
+        virtual = self._virtual_running
+        virtual[-connection_id] = virtual.get(-connection_id, 0) + 1
         self._running[rid] = req
-        handler = functools.partial(self._run, req, method.handler)
-        return Method(method.rpc, handler)
+        return method, req
 
     def connection_opened(self, server_nonce: bytes) -> None:
         """An authenticated connection: remember its nonce (``request.attach``'s ``sent_on``)."""
@@ -373,37 +377,21 @@ class RequestTable:
             raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
         return await self._attach(found, ctx, {})
 
-    async def _run(self, req: Request, handler: Handler, params: Any, ctx: CallContext) -> Any:
-        name = req.method
+    def started(self, req: Request, ctx: CallContext) -> Request:
+        """The original call of ``req`` starts with ``ctx``; the context its handler gets."""
         req.origin = ctx
         bound = req.bound_to
         if bound is not None and bound[0] == req.origin_connection:
             req.sink = ctx
-        try:
-            result = await handler(params, RequestContext(req, self))
-            payload = ENCODER.encode(result)
-        except asyncio.CancelledError:
-            message = "cancelled: connection lost" if req.lost else f"{name} was cancelled"
-            self._finish(req, Cancelled(message))
-            raise
-        except ExecdError as exc:
-            self._finish(req, exc)
-            raise
-        except ConnectionLost:
-            error: ExecdError = StreamError(
-                "the connection was lost while the call's upload was received"
-            )
-            self._finish(req, error)
-            raise error from None
-        except Exception:
-            log.exception("%s failed", name)
-            error = InternalError(f"internal error in {name}")
-            self._finish(req, error)
-            raise error from None
-        self._finish(req, payload)
-        return msgspec.Raw(payload)
+        return req
 
-    def _finish(self, req: Request, outcome: Outcome) -> None:
+    def cancelled(self, req: Request) -> None:
+        """The handler of ``req`` was cancelled: by its caller, or by a lost connection."""
+        message = "cancelled: connection lost" if req.lost else f"{req.method} was cancelled"
+        self.finish(req, Cancelled(message))
+
+    def finish(self, req: Request, outcome: Outcome) -> None:
+        """``req`` has its outcome: keep it in the retention window."""
         req.outcome = outcome
         req.task = None
         req.sink = None
@@ -457,7 +445,7 @@ class RequestTable:
             req.task.cancel()
         elif req.origin is None:
             # Its task was cancelled before it ever ran (a Cancel right behind the call).
-            self._finish(req, Cancelled("cancelled: connection lost"))
+            self.finish(req, Cancelled("cancelled: connection lost"))
 
     # -- attaching ---------------------------------------------------------------------
 

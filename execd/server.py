@@ -53,9 +53,17 @@ import msgspec
 from execd import calls
 from execd.config import Config
 from execd.context import ConnectionLost, Method
-from execd.errors import Cancelled, ExecdError, InvalidParams, TooLarge, UnknownMethod
+from execd.errors import (
+    Cancelled,
+    ExecdError,
+    InternalError,
+    InvalidParams,
+    StreamError,
+    TooLarge,
+    UnknownMethod,
+)
 from execd.memory import Trimmer
-from execd.requests import RequestTable
+from execd.requests import Request, RequestTable
 from protocol import limits
 from protocol.bridge import FramedProtocol
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
@@ -71,6 +79,7 @@ _NIL = msgspec.Raw(b"\xc0")
 _SHORT_MESSAGE = 256
 #: Seconds between two log lines about shed connections.
 _SHED_LOG_INTERVAL = 5.0
+_UPLOAD_LOST = "the connection was lost while the call's upload was received"
 
 
 class _CallContext:
@@ -233,42 +242,55 @@ class ServerProtocol(FramedProtocol):
                 )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
+        req = None
         if call.rid is not None:
-            method = self.server.requests.wrap(call.rid, method, self.connection_id, call.id)
+            method, req = self.server.requests.track(call.rid, method, self.connection_id, call.id)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         task = calls.start(
-            self._loop, self._run(call.id, method, params), method.name, method.direct
+            self._loop, self._run(call.id, method, params, req), method.name, method.direct
         )
         if task is not None:
             self._tasks[call.id] = task
 
-    async def _run(self, call_id: int, method: Method, params: Any) -> None:
+    async def _run(self, call_id: int, method: Method, params: Any, req: Request | None) -> None:
+        """Run one call's handler and answer it; a tracked call (``req``) also keeps its outcome."""
+        table = self.server.requests
         try:
             ctx = _CallContext(self, call_id)
+            error: ExecdError | None
             try:
-                result = await method.handler(params, ctx)
-                payload = msgspec.Raw(ENCODER.encode(result))
+                result = await method.handler(
+                    params, ctx if req is None else table.started(req, ctx)
+                )
+                encoded = ENCODER.encode(result)
                 del result  # a large result is held once (as its encoding), not twice
             except asyncio.CancelledError:
                 self._tasks.pop(call_id, None)
+                if req is not None:
+                    table.cancelled(req)
                 if not self.closed:
                     self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
                 raise
             except ExecdError as exc:
-                self._tasks.pop(call_id, None)
-                self._answer_error(call_id, exc)
-                return
+                error = exc
             except ConnectionLost:
-                self._tasks.pop(call_id, None)
-                return
+                # Only a tracked call outlives its connection, to be answered on another.
+                error = None if req is None else StreamError(_UPLOAD_LOST)
             except Exception:
-                self._tasks.pop(call_id, None)
                 log.exception("connection %d: %s failed", self.connection_id, method.name)
-                self._answer_error(call_id, ExecdError(f"internal error in {method.name}"))
+                error = InternalError(f"internal error in {method.name}")
+            else:
+                self._tasks.pop(call_id, None)
+                if req is not None:
+                    table.finish(req, encoded)
+                if not self.closed:
+                    self._reply(call_id, method, msgspec.Raw(encoded))
                 return
             self._tasks.pop(call_id, None)
-            if not self.closed:
-                self._reply(call_id, method, payload)
+            if error is not None:
+                if req is not None:
+                    table.finish(req, error)
+                self._answer_error(call_id, error)
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()

@@ -403,6 +403,9 @@ class AgentSession:
         self, index: int, calls: list[ToolCall]
     ) -> tuple[list[ToolResult], bool]:
         """Run a turn's calls concurrently; cancel what is still running at the turn's end."""
+        if len(calls) == 1:
+            # One call runs alike either way: spare it a task and two waits (event loop rounds).
+            return await self._run_in_order(index, calls)
         tasks = [asyncio.create_task(self._call_tool(index, call)) for call in calls]
         timeout = self.limits.turn_timeout
         started = time.perf_counter()

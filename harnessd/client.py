@@ -69,6 +69,23 @@ _FOREIGN_PEER = frozenset(
 MAX_EARLY_EVENTS = 4096
 
 
+class PendingCall:
+    """One call in flight: the one record the client keeps of it until its answer comes."""
+
+    __slots__ = ("base", "future", "received", "tracked")
+
+    def __init__(
+        self, future: asyncio.Future[Reply | Error], tracked: reattaching.Tracked | None
+    ) -> None:
+        self.future = future
+        #: Its request id and what it takes to send it again (None: not tracked).
+        self.tracked = tracked
+        #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
+        self.received: dict[str, int] | None = None
+        #: Where an attach call's streams start, per stream.
+        self.base: dict[str, int] | None = None
+
+
 class ClientProtocol(FramedProtocol):
     """asyncio glue for one client connection."""
 
@@ -78,18 +95,14 @@ class ClientProtocol(FramedProtocol):
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.ready: asyncio.Future[HandshakeComplete] = loop.create_future()
-        self.pending: dict[int, asyncio.Future[Reply | Error]] = {}
+        #: The calls in flight, each with its record.
+        self.pending: dict[int, PendingCall] = {}
         self.subscriptions: dict[int, asyncio.Queue[Event | None]] = {}
         # Events may arrive before the reply that names their topic; keep a few.
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
         self.lost: Exception | None = None
-        # Request ids of the calls in flight that carry one (harnessd.reattach), the
-        # bytes received per stream of those calls, and where an attach call's streams
-        # start; the orphans made of them when the connection was lost.
-        self.rids: dict[int, reattaching.Tracked] = {}
-        self.received: dict[int, dict[str, int]] = {}
-        self.bases: dict[int, dict[str, int]] = {}
+        # The orphans made of the tracked calls in flight when the connection was lost.
         self.orphans: dict[int, reattaching.Orphan] = {}
         #: Takes the orphans of a lost connection; None: calls in flight fail with it.
         self.on_orphans: Callable[[list[reattaching.Orphan]], None] | None = None
@@ -111,14 +124,18 @@ class ClientProtocol(FramedProtocol):
         call_id = self.client_conn.next_call_id()
         self.send(Call(id=call_id, method=method, params=params, rid=rid))
         future: asyncio.Future[Reply | Error] = self.loop.create_future()
-        self.pending[call_id] = future
-        if tracked is not None:
-            self.rids[call_id] = tracked
+        self.pending[call_id] = PendingCall(future, tracked)
         return call_id, future
 
     def is_pending(self, call_id: int, future: asyncio.Future[Reply | Error]) -> bool:
         """Whether ``future`` still waits for the answer to ``call_id``."""
-        return self.pending.get(call_id) is future
+        record = self.pending.get(call_id)
+        return record is not None and record.future is future
+
+    def tracked(self, call_id: int) -> reattaching.Tracked | None:
+        """What call ``call_id`` is tracked as, while it is in flight (None: not tracked)."""
+        record = self.pending.get(call_id)
+        return record.tracked if record is not None else None
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
@@ -138,15 +155,9 @@ class ClientProtocol(FramedProtocol):
 
     def handle_event(self, event: ConnectionEvent) -> None:
         if isinstance(event, Reply | Error):
-            future = self.pending.pop(event.id, None)
-            if self.rids:
-                self.rids.pop(event.id, None)
-                if self.received:
-                    self.received.pop(event.id, None)
-                if self.bases:
-                    self.bases.pop(event.id, None)
-            if future is not None and not future.done():
-                future.set_result(event)
+            record = self.pending.pop(event.id, None)
+            if record is not None and not record.future.done():
+                record.future.set_result(event)
         elif isinstance(event, Event):
             queue = self.subscriptions.get(event.topic)
             if queue is not None:
@@ -178,8 +189,11 @@ class ClientProtocol(FramedProtocol):
             pass
 
     def _on_chunk(self, chunk: Chunk) -> None:
-        if chunk.id in self.rids:
-            counts = self.received.setdefault(chunk.id, {})
+        record = self.pending.get(chunk.id)
+        if record is not None and record.tracked is not None:
+            counts = record.received
+            if counts is None:
+                counts = record.received = {}
             counts[chunk.stream] = counts.get(chunk.stream, 0) + len(chunk.data)
         super()._on_chunk(chunk)
 
@@ -228,9 +242,10 @@ class ClientProtocol(FramedProtocol):
             self.ready.set_exception(failure)
             self.ready.exception()  # mark retrieved; connect() re-raises it
         orphans: list[reattaching.Orphan] = []
-        if self.on_orphans is not None and self.rids and not self.deliberate:
+        if self.on_orphans is not None and not self.deliberate:
             orphans = reattaching.orphan_calls(self)
-        for future in self.pending.values():
+        for record in self.pending.values():
+            future = record.future
             if not future.done():
                 future.set_exception(failure)
                 future.exception()
@@ -301,7 +316,7 @@ class CallHandle(Generic[R]):
     @property
     def request_id(self) -> bytes | None:
         """The call's request id (None without one), for :meth:`Client.reattach`."""
-        tracked = self._client._proto.rids.get(self.id)
+        tracked = self._client._proto.tracked(self.id)
         return tracked.rid if tracked is not None else None
 
 
@@ -417,7 +432,7 @@ class Client:
             rid, requests_rpc.ATTACH.name, to_raw(params), b"", uploads=True
         )
         call_id, future = self._send_call(requests_rpc.ATTACH.name, params, tracked=tracked)
-        self._proto.bases[call_id] = dict(offsets or {})
+        self._proto.pending[call_id].base = dict(offsets or {})
         return CallHandle(self, call_id, future)
 
     def take_orphans(self) -> list[reattaching.Orphan]:
@@ -526,7 +541,7 @@ class Client:
             yield data
 
     async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
-        tracked = self._proto.rids.get(call_id)
+        tracked = self._proto.tracked(call_id)
         if tracked is not None:
             tracked.uploads = True  # what was streamed cannot be sent again
         await self._proto.send_stream(call_id, stream, data, end=end)

@@ -133,22 +133,23 @@ class Orphan:
 def orphan_calls(proto: ClientProtocol) -> list[Orphan]:
     """The tracked calls in flight on a connection that was just lost, as orphans.
 
-    Their futures are taken out of ``proto.pending`` (they must not fail with
+    Their records are taken out of ``proto.pending`` (they must not fail with
     the connection); what is left there fails as before.
     """
     orphans: list[Orphan] = []
-    for call_id, tracked in proto.rids.items():
-        future = proto.pending.pop(call_id, None)
-        if future is None or future.done():
+    pending = proto.pending
+    for call_id in [call_id for call_id, record in pending.items() if record.tracked is not None]:
+        record = pending.pop(call_id)
+        tracked, future = record.tracked, record.future
+        if tracked is None or future.done():
             continue
-        base = proto.bases.get(call_id, {})
-        received = proto.received.get(call_id, {})
+        base = record.base or {}
+        received = record.received or {}
         names = set(base) | set(received) | set(proto.stream_names(call_id))
         offsets = {name: base.get(name, 0) + received.get(name, 0) for name in names}
         orphan = Orphan(tracked, future, offsets, tuple(sorted(names)))
         proto.orphans[call_id] = orphan
         orphans.append(orphan)
-    proto.rids.clear()
     return orphans
 
 
@@ -167,7 +168,7 @@ def adopt(client: Client, orphans: list[Orphan]) -> None:
             orphan.fail(exc)
             continue
         proto = client._proto
-        proto.bases[call_id] = dict(orphan.offsets)
+        proto.pending[call_id].base = dict(orphan.offsets)
         # Bind the buffers now: the attach's answer may come before anyone reads them.
         streams = {name: proto.stream(call_id, name) for name in orphan.streams}
         # Where the attach call's own streams go if the call is sent again (below).

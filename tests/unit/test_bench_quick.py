@@ -94,6 +94,7 @@ def test_targets_are_evaluated_not_asserted(quick_run: tuple[Path, dict[str, Any
         "memory.stream",
         "memory.retention",
         "turn.concurrent",
+        "loop.call",
         "scale.connect",
         "scale.rss",
         "scale.cpu_many",

@@ -1,0 +1,148 @@
+"""Section 8b: what the agent loop adds to one tool call over a bare client call.
+
+An :class:`~harnessd.agent.AgentSession` with a scripted model whose every
+turn is one ``read_file`` tool call (a 4 KiB file) runs against the shared
+execd on loopback, beside the bare client call that tool makes
+(``read_file`` with the same arguments) on the same connection, in
+interleaved rounds. Two figures per turn come from the session:
+
+* the tool call inside the loop (the turn's ``tools_ms``: from the model's
+  reply to the recorded result: the trace records, argument decoding, the
+  call, the result's text and the ledger entry) -- what the loop adds to
+  one tool call. Target: its p50 within 0.1 ms of the bare call's.
+* the whole turn, from one reply of the model to the next request to it:
+  the tool call plus the turn's bookkeeping and its ledger sync to execd (a
+  round trip of its own, once per turn whatever the number of tool calls).
+  Shown beside the bare call, without a target.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+from bench.env import Env
+from bench.report import Row, Target
+from bench.settings import HOST
+from bench.stats import summarize
+from harnessd.agent import AgentLimits, AgentSession
+from harnessd.api import ExecdClient, connect
+from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
+from harnessd.scripted_model import ScriptedModel
+from harnessd.tools import ToolConfig
+
+SECTION = "8b. The agent loop around one tool call (loopback, scripted model)"
+#: Most the loop may add to one tool call's p50, in ms (issue 12).
+LOOP_TARGET_MS = 0.1
+#: Rounds of one session and one batch of bare calls, interleaved.
+ROUNDS = 3
+
+
+class _TimedModel:
+    """A model that notes when each request came and when its reply went back."""
+
+    def __init__(self, inner: ScriptedModel) -> None:
+        self._inner = inner
+        self.asked: list[float] = []
+        self.answered: list[float] = []
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        self.asked.append(time.perf_counter())
+        reply = await self._inner.complete(messages, tools)
+        self.answered.append(time.perf_counter())
+        return reply
+
+    def turn_ms(self) -> list[float]:
+        """From each reply to the next request: one iteration of the loop, in ms."""
+        return [(a - b) * 1000 for b, a in zip(self.answered, self.asked[1:], strict=False)]
+
+
+async def _session(client: ExecdClient, path: str, turns: int) -> tuple[list[float], list[float]]:
+    """One session of ``turns`` one-call turns: the loop's per-turn and per-tool-call ms."""
+    call = {"tool_calls": [{"name": "read_file", "arguments": {"path": path}}]}
+    model = _TimedModel(ScriptedModel([call] * turns + [{"content": "done"}]))
+    session = AgentSession(
+        model,
+        client,
+        tools=ToolConfig(root=os.path.dirname(path)),
+        limits=AgentLimits(max_turns=turns + 1),
+    )
+    result = await session.run("read the file, again and again")
+    if result.stop_reason != "finished" or result.tool_errors:
+        raise RuntimeError(f"the scripted session failed: {result.stop_reason} {result.error}")
+    return model.turn_ms(), [turn.tools_ms for turn in result.turns if turn.results]
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+async def run(env: Env) -> list[Row]:
+    """The loop's per-call and per-turn figures beside the bare call."""
+    directory = env.path("agent-loop")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "input.txt")
+    _write(path, b"x" * 4096)
+    turns = env.settings.turns * 10
+    client = await connect(HOST, env.execd.port, env.execd.token, keepalive=None)
+    bare: list[float] = []
+    loop_turns: list[float] = []
+    loop_calls: list[float] = []
+    try:
+        cap = ToolConfig().read_cap
+        await client.read_file(path, length=cap + 1)
+        for _ in range(ROUNDS):
+            for _ in range(turns):
+                started = time.perf_counter()
+                await client.read_file(path, length=cap + 1)
+                bare.append((time.perf_counter() - started) * 1000)
+            per_turn, per_call = await _session(client, path, turns)
+            loop_turns += per_turn
+            loop_calls += per_call
+    finally:
+        await client.close()
+    base, call, turn = summarize(bare), summarize(loop_calls), summarize(loop_turns)
+    bare_row = Row(
+        key="loop.bare",
+        section=SECTION,
+        short="bare call",
+        label="client.read_file of 4 KiB, as the tool calls it",
+        unit="ms",
+        p50=base.p50,
+        p99=base.p99,
+        n=base.n,
+    )
+    call_row = Row(
+        key="loop.call",
+        section=SECTION,
+        label="the read_file tool call inside the agent loop",
+        unit="ms",
+        p50=call.p50,
+        p99=call.p99,
+        n=call.n,
+        baselines=("loop.bare",),
+        extra={"added_ms": call.p50 - base.p50},
+    )
+    call_row.target = Target(
+        f"p50 <= bare call + {LOOP_TARGET_MS:g} ms", call.p50 - base.p50, LOOP_TARGET_MS
+    )
+    turn_row = Row(
+        key="loop.turn",
+        section=SECTION,
+        label="one turn of the loop with that call (ledger sync included)",
+        unit="ms",
+        p50=turn.p50,
+        p99=turn.p99,
+        n=turn.n,
+        baselines=("loop.bare",),
+        extra={"added_ms": turn.p50 - base.p50},
+    )
+    return [bare_row, call_row, turn_row]
