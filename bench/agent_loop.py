@@ -116,18 +116,14 @@ async def run(env: Env) -> list[Row]:
         short="bare call",
         label="client.read_file of 4 KiB, as the tool calls it",
         unit="ms",
-        p50=base.p50,
-        p99=base.p99,
-        n=base.n,
+        **base.figures(),
     )
     call_row = Row(
         key="loop.call",
         section=SECTION,
         label="the read_file tool call inside the agent loop",
         unit="ms",
-        p50=call.p50,
-        p99=call.p99,
-        n=call.n,
+        **call.figures(),
         baselines=("loop.bare",),
         extra={"added_ms": call.p50 - base.p50},
     )
@@ -139,9 +135,7 @@ async def run(env: Env) -> list[Row]:
         section=SECTION,
         label="one turn of the loop with that call (ledger sync included)",
         unit="ms",
-        p50=turn.p50,
-        p99=turn.p99,
-        n=turn.n,
+        **turn.figures(),
         baselines=("loop.bare",),
         extra={"added_ms": turn.p50 - base.p50},
     )
