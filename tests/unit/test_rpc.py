@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 from pathlib import Path
 
 import msgspec
 import pytest
 
+import harnessd
 import protocol
-from protocol.rpc import Schema, all_rpcs, files
+from protocol.rpc import Rpc, Schema, all_rpcs, files
 from protocol.rpc.resources import parse_bytes
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
@@ -98,3 +101,47 @@ def test_limit_options_take_byte_counts_with_binary_suffixes(text: str, value: i
 def test_limit_options_refuse_what_is_not_a_byte_count(text: str) -> None:
     with pytest.raises(ValueError, match="not a byte count"):
         parse_bytes(text)
+
+
+def _params_from_users() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, ast.Call]]:
+    """Every client function that builds its params with ``params_from(locals(), ...)``."""
+    found = []
+    for path in sorted(Path(harnessd.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for call in ast.walk(node):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "params_from"
+                ):
+                    found.append((f"harnessd/{path.name}:{node.name}", node, call))
+    return found
+
+
+def test_every_argument_of_a_params_from_method_is_a_field_or_used() -> None:
+    # params_from takes the fields by name from locals(): a keyword that names no field
+    # and is not used otherwise would be dropped without a word.
+    users = _params_from_users()
+    assert len(users) >= 10
+    for where, function, call in users:
+        # The Rpc as the client module names it, e.g. "shell.RUN" or "watch_rpc.SUBSCRIBE".
+        rpc: object = importlib.import_module(f"harnessd.{where.split('/')[1].split('.')[0]}")
+        for part in ast.unparse(call.func.value).split("."):
+            rpc = getattr(rpc, part)
+        assert isinstance(rpc, Rpc), where
+        fields = set(rpc.params.__struct_fields__)
+        given = {keyword.arg for keyword in call.keywords}
+        used = {
+            node.id
+            for node in ast.walk(function)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+        }
+        arguments = function.args
+        names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+        for name in names:
+            if name == "self":
+                continue
+            assert name in fields or name in used, (where, name, sorted(fields))
+            assert name not in given or name in used, (where, name)
