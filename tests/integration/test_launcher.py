@@ -548,4 +548,9 @@ async def test_a_launch_cancelled_before_the_announcement_still_closes_execd(
     listening = next(line for line in log.splitlines() if '"listening"' in line)
     pid = int(listening.split('"pid": ')[1].split(",")[0])
     await eventually(lambda: not alive(pid), timeout=15, what="the late worker's exit")
-    assert '"source": "supervisor"' in next(workdir.glob("execd-*.log")).read_text()
+    # The supervisor writes its line once it has seen the worker exit: a moment later.
+    await eventually(
+        lambda: '"source": "supervisor"' in next(workdir.glob("execd-*.log")).read_text(),
+        timeout=15,
+        what="the supervisor's exit line",
+    )
