@@ -39,6 +39,8 @@ import os
 import signal
 import time
 
+from protocol.rpc.resources import LimitName
+
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("pids", "memory", "cpuacct")
@@ -134,14 +136,15 @@ class CommandCgroup:
             found["processes"] = _read_counter(os.path.join(where, "pids.events"), "max")
         return found
 
-    def exceeded(self, since: dict[str, int] | None = None) -> str | None:
+    def exceeded(self, since: dict[str, int] | None = None) -> LimitName | None:
         """``"memory"`` after an OOM kill, ``"cpu"`` after the CPU watch killed the
         command, ``"processes"`` after a refused fork, else None.
 
         With ``since`` (earlier :meth:`counters`), only what happened after it counts.
         """
         counts = self.counters()
-        for name in ("memory", "cpu", "processes"):
+        names: tuple[LimitName, ...] = ("memory", "cpu", "processes")
+        for name in names:
             if counts.get(name, 0) > (since or {}).get(name, 0):
                 return name
         return None

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from execd.cgroups import Cgroups, CommandCgroup
 from execd.errors import InvalidParams, NotSupported, SpawnFailed
-from protocol.rpc.resources import LIMIT_NAMES, Limits, LimitsInfo, Mechanism
+from protocol.rpc.resources import LIMIT_NAMES, LimitName, Limits, LimitsInfo, Mechanism
 
 if TYPE_CHECKING:
     from execd.spawn import Child
@@ -58,7 +58,7 @@ def sweep(*, final: bool = False) -> None:
             _cgroups = None
 
 
-_CONTROLLERS = {"memory": "memory", "processes": "pids", "cpu": "cpuacct"}
+_CONTROLLERS: dict[LimitName, str] = {"memory": "memory", "processes": "pids", "cpu": "cpuacct"}
 """The cgroup controller of each limit a cgroup can enforce (v2 counts CPU time without one)."""
 
 # (ulimit flag, resource, unit in bytes or seconds)
@@ -77,7 +77,7 @@ class Plan:
     def __init__(
         self,
         limits: Limits,
-        mechanisms: dict[str, Mechanism],
+        mechanisms: dict[LimitName, Mechanism],
         rlimits: list[tuple[str, int, int]],
         cgroup: CommandCgroup | None,
         cgroups: Cgroups,
@@ -87,7 +87,7 @@ class Plan:
         self.rlimits = rlimits
         self.cgroup = cgroup
         self._cgroups = cgroups
-        self.exceeded: str | None = None
+        self.exceeded: LimitName | None = None
         self._cpu_watch = (
             CpuWatch(cgroup, limits.cpu)
             if cgroup is not None and limits.cpu is not None and mechanisms.get("cpu") != "rlimit"
@@ -106,7 +106,7 @@ class Plan:
             steps.append(f"ulimit -H -{flag} {hard}")
         return [SHELL, "-c", " && ".join(steps) + ' || exit 126\nexec "$0" "$@"', *argv]
 
-    def verdict(self, status: int) -> str | None:
+    def verdict(self, status: int) -> LimitName | None:
         """The limit that ended the command with wait status ``status``, where it can be told."""
         by_group = self.cgroup.exceeded() if self.cgroup is not None else None
         return self._judge(os.waitstatus_to_exitcode(status), by_group)
@@ -120,19 +120,23 @@ class Plan:
             self._cpu_watch.rebase()
         return self.cgroup.counters() if self.cgroup is not None else {}
 
-    def command_verdict(self, since: dict[str, int], exit_code: int) -> str | None:
+    def command_verdict(self, since: dict[str, int], exit_code: int) -> LimitName | None:
         """The limit a command run inside the limited one (a session's) ran into.
 
-        ``since`` is the :meth:`mark` taken when it started; ``exit_code`` its
+        ``since`` is what :meth:`command_started` gave when it started; ``exit_code`` its
         exit status as its shell reports it (128 + N after signal N).
         """
         by_group = self.cgroup.exceeded(since) if self.cgroup is not None else None
         return self._judge(exit_code, by_group)
 
-    def _judge(self, code: int, by_group: str | None) -> str | None:
+    def _judge(self, code: int, by_group: LimitName | None) -> LimitName | None:
         if by_group == "memory":
             return by_group
-        for name, sig in (("cpu", signal.SIGXCPU), ("file_size", signal.SIGXFSZ)):
+        by_signal: tuple[tuple[LimitName, int], ...] = (
+            ("cpu", signal.SIGXCPU),
+            ("file_size", signal.SIGXFSZ),
+        )
+        for name, sig in by_signal:
             # A shell reports a child killed by the signal as 128 + its number.
             if getattr(self.limits, name) is not None and code in (-sig, 128 + sig):
                 return name
@@ -229,11 +233,11 @@ class ResourceControl:
     def __init__(self, defaults: Limits | None) -> None:
         self.defaults = None if defaults is None or defaults.is_empty() else defaults
 
-    def mechanisms(self) -> dict[str, Mechanism]:
+    def mechanisms(self) -> dict[LimitName, Mechanism]:
         """Which mechanism enforces each limit in this process."""
         cgroups = shared_cgroups()
         v2 = cgroups.v2
-        found: dict[str, Mechanism] = dict.fromkeys(LIMIT_NAMES, "rlimit")
+        found: dict[LimitName, Mechanism] = dict.fromkeys(LIMIT_NAMES, "rlimit")
         for name, controller in _CONTROLLERS.items():
             if v2 is not None and (controller in v2.controllers or (name == "cpu" and v2.cpu_stat)):
                 found[name] = "cgroup-v2"
@@ -245,7 +249,7 @@ class ResourceControl:
 
     def info(self) -> LimitsInfo:
         """What ``server.info`` says about limits."""
-        return LimitsInfo(mechanisms=self.mechanisms(), defaults=self.defaults)  # type: ignore[arg-type]
+        return LimitsInfo(mechanisms=self.mechanisms(), defaults=self.defaults)
 
     def effective(self, requested: Limits | None) -> Limits | None:
         """The call's limits over the defaults; raising a default is refused."""

@@ -180,8 +180,8 @@ class _Service:
             info.pid = inst.child.pid
             info.started = inst.started
             if inst.child.limits is not None:
-                info.limits = inst.child.limits.mechanisms  # type: ignore[assignment]
-                info.limit_exceeded = inst.child.limits.exceeded  # type: ignore[assignment]
+                info.limits = inst.child.limits.mechanisms
+                info.limit_exceeded = inst.child.limits.exceeded
             if inst.child.running:
                 info.uptime = max(0.0, time.monotonic() - inst.child.started)
         if self.finished is not None and not (inst is not None and inst.child.running):

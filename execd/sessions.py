@@ -253,8 +253,8 @@ class _Session:
         if not self.alive:
             info.exit_code, info.signal = spawning.decode_status(self.child.exited.result())
         if self.child.limits is not None:
-            info.limits = self.child.limits.mechanisms  # type: ignore[assignment]
-            info.limit_exceeded = self.child.limits.exceeded  # type: ignore[assignment]
+            info.limits = self.child.limits.mechanisms
+            info.limit_exceeded = self.child.limits.exceeded
         return info
 
 
@@ -602,18 +602,17 @@ class SessionsCapability(CommandCapability):
             result.exit_code = run.done.result()
             result.cwd = sess.cwd()
             if plan is not None:
-                verdict = plan.command_verdict(run.limit_mark, result.exit_code)
-                result.limit_exceeded = verdict  # type: ignore[assignment]
+                result.limit_exceeded = plan.command_verdict(run.limit_mark, result.exit_code)
         elif sess.child.exited.done():
             result.exit_code, result.signal = spawning.decode_status(sess.child.exited.result())
             result.session_ended = True
             if plan is not None:
                 # Recorded when the shell was reaped (before anyone waiting on it woke up).
-                result.limit_exceeded = plan.exceeded  # type: ignore[assignment]
+                result.limit_exceeded = plan.exceeded
         else:
             result.session_ended = True
         if plan is not None:
-            result.limits = plan.mechanisms  # type: ignore[assignment]
+            result.limits = plan.mechanisms
         return result
 
     # -- sessions.interrupt / close / list ---------------------------------------

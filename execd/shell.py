@@ -63,6 +63,7 @@ from execd.errors import (
 from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
 from execd.output import ByteRing, HeadTailBuffer, fit_pair
 from protocol.rpc import shell as rpc
+from protocol.rpc.resources import LimitName, Mechanism
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ class _Outcome:
     timed_out: bool
     idle_out: bool
     pipes_held_open: bool
-    limit_exceeded: str | None = None
-    limits: dict[str, str] | None = None
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
 
     def exit(self) -> tuple[int | None, int | None]:
         return spawning.decode_status(self.status)
@@ -229,7 +230,7 @@ class _Command:
             idle_out=reason == "idle",
             pipes_held_open=held,
             limit_exceeded=plan.exceeded if plan is not None else None,
-            limits=plan.mechanisms if plan is not None else None,  # type: ignore[arg-type]
+            limits=plan.mechanisms if plan is not None else None,
         )
 
     async def _wait_exit(self) -> str | None:
@@ -333,8 +334,8 @@ class _Detached:
             info.timed_out = self.outcome.timed_out
             info.idle_out = self.outcome.idle_out
             info.pipes_held_open = self.outcome.pipes_held_open
-            info.limit_exceeded = self.outcome.limit_exceeded  # type: ignore[assignment]
-            info.limits = self.outcome.limits  # type: ignore[assignment]
+            info.limit_exceeded = self.outcome.limit_exceeded
+            info.limits = self.outcome.limits
         return info
 
 
@@ -476,8 +477,8 @@ class ShellCapability(CommandCapability):
             idle_out=outcome.idle_out,
             duration=outcome.duration,
             pipes_held_open=outcome.pipes_held_open,
-            limit_exceeded=outcome.limit_exceeded,  # type: ignore[arg-type]
-            limits=outcome.limits,  # type: ignore[arg-type]
+            limit_exceeded=outcome.limit_exceeded,
+            limits=outcome.limits,
         )
         if buffers is not None:
             # Both captures share what the reply frame leaves beside the other fields.

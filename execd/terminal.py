@@ -151,8 +151,8 @@ class _Terminal:
         if self.done.is_set():
             info.exit_code, info.signal = spawning.decode_status(self.child.exited.result())
         if self.plan is not None:
-            info.limit_exceeded = self.plan.exceeded  # type: ignore[assignment]
-            info.limits = self.plan.mechanisms  # type: ignore[assignment]
+            info.limit_exceeded = self.plan.exceeded
+            info.limits = self.plan.mechanisms
         return info
 
 

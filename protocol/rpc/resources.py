@@ -48,8 +48,14 @@ import msgspec
 
 from protocol.rpc import Schema
 
-LIMIT_NAMES: Final = ("memory", "cpu", "processes", "file_size", "open_files")
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
+LIMIT_NAMES: Final[tuple[LimitName, ...]] = (
+    "memory",
+    "cpu",
+    "processes",
+    "file_size",
+    "open_files",
+)
 Mechanism = Literal["cgroup-v2", "cgroup-v1", "rlimit", "unavailable"]
 
 _SIZE_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
