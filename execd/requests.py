@@ -71,6 +71,7 @@ import collections
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -136,6 +137,7 @@ class _Output:
         return data[max(0, offset - self.base) :]
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Request:
     """One call known by its request id, running or finished: the one record the table keeps.
 
@@ -144,53 +146,28 @@ class Request:
     bound to it), so it survives the connection the call came on.
     """
 
-    __slots__ = (
-        "attached",
-        "bound_to",
-        "call_id",
-        "done",
-        "grace",
-        "lost",
-        "method",
-        "origin",
-        "origin_connection",
-        "outcome",
-        "rid",
-        "sink",
-        "streams",
-        "table",
-        "task",
-        "virtual_id",
-    )
+    table: RequestTable
+    rid: bytes
+    method: str
+    origin_connection: int
+    call_id: int
+    virtual_id: int
+    #: The original call's context, once its task has started.
+    origin: CallContext | None = field(default=None, init=False)
+    #: (connection id, call id) of the call that gets the answer; None while unbound.
+    bound_to: tuple[int, int] | None = field(init=False)
+    #: That call's context (None until it has started).
+    sink: CallContext | None = field(default=None, init=False)
+    task: asyncio.Task[Any] | None = field(default=None, init=False)
+    outcome: Outcome | None = field(default=None, init=False)
+    done: asyncio.Future[None] | None = field(default=None, init=False)
+    attached: asyncio.Future[None] | None = field(default=None, init=False)
+    streams: dict[str, _Output] = field(default_factory=dict, init=False)
+    grace: asyncio.TimerHandle | None = field(default=None, init=False)
+    lost: bool = field(default=False, init=False)
 
-    def __init__(
-        self,
-        table: RequestTable,
-        rid: bytes,
-        method: str,
-        connection_id: int,
-        call_id: int,
-        virtual_id: int,
-    ) -> None:
-        self.table = table
-        self.rid = rid
-        self.method = method
-        self.origin_connection = connection_id
-        self.call_id = call_id
-        self.virtual_id = virtual_id
-        #: The original call's context, once its task has started.
-        self.origin: CallContext | None = None
-        #: (connection id, call id) of the call that gets the answer; None while unbound.
-        self.bound_to: tuple[int, int] | None = (connection_id, call_id)
-        #: That call's context (None until it has started).
-        self.sink: CallContext | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.outcome: Outcome | None = None
-        self.done: asyncio.Future[None] | None = None
-        self.attached: asyncio.Future[None] | None = None
-        self.streams: dict[str, _Output] = {}
-        self.grace: asyncio.TimerHandle | None = None
-        self.lost = False
+    def __post_init__(self) -> None:
+        self.bound_to = (self.origin_connection, self.call_id)
 
     def output(self, stream: str) -> _Output:
         out = self.streams.get(stream)
