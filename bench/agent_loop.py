@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from bench.env import Env
-from bench.report import Row, Target
+from bench.report import Row, SectionRows, Target
 from bench.settings import HOST
 from bench.stats import summarize
 from harnessd.agent import AgentLimits, AgentSession
@@ -110,32 +110,24 @@ async def run(env: Env) -> list[Row]:
     finally:
         await client.close()
     base, call, turn = summarize(bare), summarize(loop_calls), summarize(loop_turns)
-    bare_row = Row(
-        key="loop.bare",
-        section=SECTION,
-        short="bare call",
-        label="client.read_file of 4 KiB, as the tool calls it",
-        unit="ms",
-        **base.figures(),
+    ms = SectionRows(SECTION, "ms")
+    bare_row = ms.row(
+        "loop.bare", "client.read_file of 4 KiB, as the tool calls it", base, short="bare call"
     )
-    call_row = Row(
-        key="loop.call",
-        section=SECTION,
-        label="the read_file tool call inside the agent loop",
-        unit="ms",
-        **call.figures(),
+    call_row = ms.row(
+        "loop.call",
+        "the read_file tool call inside the agent loop",
+        call,
         baselines=("loop.bare",),
         extra={"added_ms": call.p50 - base.p50},
     )
     call_row.target = Target(
         f"p50 <= bare call + {LOOP_TARGET_MS:g} ms", call.p50 - base.p50, LOOP_TARGET_MS
     )
-    turn_row = Row(
-        key="loop.turn",
-        section=SECTION,
-        label="one turn of the loop with that call (ledger sync included)",
-        unit="ms",
-        **turn.figures(),
+    turn_row = ms.row(
+        "loop.turn",
+        "one turn of the loop with that call (ledger sync included)",
+        turn,
         baselines=("loop.bare",),
         extra={"added_ms": turn.p50 - base.p50},
     )

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.stats import Summary
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -66,6 +68,38 @@ class Row:
     def is_rate(self) -> bool:
         """True for throughputs (higher is better)."""
         return self.unit.endswith("/s")
+
+
+@dataclass(frozen=True, slots=True)
+class SectionRows:
+    """Builds the rows of one report section: its title and unit are said once."""
+
+    section: str
+    unit: str
+
+    def row(
+        self,
+        key: str,
+        label: str,
+        summary: Summary,
+        *,
+        short: str = "",
+        baselines: tuple[str, ...] = (),
+        note: str = "",
+        extra: dict[str, float] | None = None,
+    ) -> Row:
+        """The row of ``summary`` (its p50, p99 and count) under ``key``."""
+        return Row(
+            key=key,
+            section=self.section,
+            label=label,
+            unit=self.unit,
+            **summary.figures(),
+            baselines=baselines,
+            short=short,
+            note=note,
+            extra=extra or {},
+        )
 
 
 def link_ratios(rows: list[Row]) -> None:
