@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import math
 import os
 import sys
 from typing import NoReturn
@@ -26,6 +25,7 @@ from execd.app import Execd, StartupError, announce
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
 from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 from protocol.rpc.resources import Limits as CommandLimits
+from protocol.values import bind_port, positive_seconds
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4
@@ -38,23 +38,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise StartupError(f"{message} (see {self.prog} --help)", 2)
-
-
-def _port(text: str) -> int:
-    value = int(text) if text.isascii() and text.isdigit() else -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0: any)")
-    return value
-
-
-def _lease(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def _log_level(text: str) -> str:
@@ -76,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=_port, default=0, help="port to bind (default 0: the kernel picks)"
+        "--port", type=bind_port, default=0, help="port to bind (default 0: the kernel picks)"
     )
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument(
@@ -88,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lease",
-        type=_lease,
+        type=positive_seconds,
         help="clean up by marker and exit once no authenticated client has sent a frame for "
         "this many seconds (default: no lease)",
     )
