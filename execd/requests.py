@@ -76,6 +76,7 @@ from typing import Any, Final
 
 import msgspec
 
+from execd.commands import BackgroundTasks
 from execd.config import Limits
 from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
@@ -241,7 +242,7 @@ class RequestTable:
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("requests")
         # Per virtual connection (minus the id of the connection its calls came on): how
         # many of its calls run, and what to run once it is closed and none does.
         self._virtual_running: dict[int, int] = {}
@@ -320,7 +321,7 @@ class RequestTable:
         self._closed_connections.discard(-virtual)
         callbacks = self._virtual_callbacks.pop(virtual, None)
         if callbacks:
-            self._spawn(_run_callbacks(callbacks))
+            self._background.spawn(_run_callbacks(callbacks))
 
     def close(self) -> None:
         """execd is stopping: cancel every running request."""
@@ -520,14 +521,6 @@ class RequestTable:
         what = "was evicted from the retention window" if reason == "evicted" else "is not known"
         data = api.NotKnown(reason=reason, rid=rid.hex(), seen=seen)
         return RequestNotKnown(f"request {rid.hex()} {what}", msgspec.to_builtins(data))
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        async def runner() -> None:
-            await coro
-
-        task = asyncio.get_running_loop().create_task(runner())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
 
 def _compact(outcome: Outcome) -> Kept:
