@@ -88,6 +88,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "turn.round_trip",
     "turn.sequential",
     "turn.concurrent",
+    "loop.bare_hot",
     "loop.bare",
     "loop.call",
     "loop.turn",

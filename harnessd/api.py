@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import io
 import os
 import stat
 from collections.abc import AsyncIterator, Mapping
@@ -187,13 +188,28 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         max_bytes: int | None = None,
         checksum: bool = False,
     ) -> bytes:
-        """The bytes of a workspace file (whole, or a range); large files arrive streamed."""
-        chunks: list[bytes] = []
+        """The bytes of a workspace file (whole, or a range); large files arrive streamed.
+
+        Blocks are copied into one growing buffer as they arrive and dropped,
+        so the content is written into fresh memory once (a list joined at the
+        end would be twice) and the next block reuses the last one's memory.
+        """
+        first = b""
+        gathered: io.BytesIO | None = None
         async for data in self.iter_file(
             path, offset=offset, length=length, max_bytes=max_bytes, checksum=checksum
         ):
-            chunks.append(data)
-        return b"".join(chunks)
+            if gathered is not None:
+                gathered.write(data)
+            elif not first:
+                first = data  # one block (the common case) is returned as it is
+            elif data:
+                gathered = io.BytesIO()
+                gathered.write(first)
+                gathered.write(data)
+                first = b""
+        # getvalue() hands out the buffer itself, without a copy.
+        return gathered.getvalue() if gathered is not None else first
 
     async def iter_file(
         self,

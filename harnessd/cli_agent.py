@@ -265,6 +265,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
     model, token, trace = ready.model, ready.token, ready.trace
     session: Session | None = None
     client: ExecdClient | None = None
+    finished = False
     try:
         current: Callable[[], ExecdClient]
         if token is not None:
@@ -283,6 +284,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
                 LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease
             )
             print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
+            print(f"execd's log: {session.log_path} (kept only if the run does not finish)")
             launched = session
             current, reconnect = (lambda: launched.client), launched.reconnect
         if workspace:
@@ -308,15 +310,19 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
             print(f"\nfinal answer:\n{result.final_text}")
         if result.error:
             print(f"stopped: {result.error}")
-        return 0 if result.stop_reason == "finished" else 1
+        finished = result.stop_reason == "finished"
+        return 0 if finished else 1
     finally:
         if ready.progress is not None:
             ready.progress.close()
         await model.aclose()
         if session is not None:
-            closed = await session.close()
+            # execd's log (its own directory under /tmp) is kept for a run that did not finish.
+            closed = await session.close(keep_log=not finished)
             trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
             print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
+            if not finished:
+                print(f"execd's log kept: {session.log_path}")
         elif client is not None:
             await client.close()
         trace.close()

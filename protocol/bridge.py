@@ -12,10 +12,12 @@ Sending has one path: :meth:`FramedProtocol.send` asks the state machine for
 the frame of a message (which checks and books it) and writes it to the
 transport, small frames sent right beside others together
 (:meth:`FramedProtocol._put`: the answers to one read's calls, the calls a
-batch of woken tasks sends). A closed transport is mapped to one exception there and only
-there: :meth:`FramedProtocol.closed_error`, a
-:class:`~protocol.errors.ConnectionLost` unless a role knows better. Reading
-a stream of a connection that has closed raises the same.
+batch of woken tasks sends); a large chunk of immutable data goes out as the
+parts of its :class:`~protocol.framing.SplicedFrame`, the data not copied. A
+closed transport is mapped to one exception there and only there:
+:meth:`FramedProtocol.closed_error`, a :class:`~protocol.errors.ConnectionLost`
+unless a role knows better. Reading a stream of a connection that has closed
+raises the same.
 
 Inbound stream data is buffered per ``(call id, stream)`` until the
 application reads it; credit is granted back only as it is read, so a stream
@@ -44,6 +46,7 @@ from protocol.errors import (
     LocalProtocolError,
     RemoteProtocolError,
 )
+from protocol.framing import SplicedFrame
 from protocol.messages import Chunk, Credit, Error, Message, Reply
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,17 @@ STREAM_CHUNK: Final = 1024 * 1024
 MIN_STREAM_CHUNK: Final = 64 * 1024
 #: Frames from this size on are written at once, never held to go out with others.
 HOLD_MAX: Final = 64 * 1024
+
+
+def _parts(frames: list[Frame]) -> list[bytes | bytearray | memoryview]:
+    """The buffers to write for ``frames``, in order (a SplicedFrame's parts in its place)."""
+    parts: list[bytes | bytearray | memoryview] = []
+    for frame in frames:
+        if type(frame) is SplicedFrame:
+            parts += frame.parts
+        else:
+            parts.append(cast(bytes, frame))
+    return parts
 
 
 class Stream:
@@ -162,6 +176,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self, conn: Connection, *, max_inbound_buffer: int = DEFAULT_MAX_INBOUND_BUFFER
     ) -> None:
         self.conn = conn
+        #: Large chunks of immutable data go out as SplicedFrames: written, not copied.
+        conn.splice = True
         self.transport: asyncio.Transport | None = None
         self.max_inbound_buffer = max_inbound_buffer
         #: call id -> stream name -> its record; a call's entry goes when it finishes.
@@ -235,7 +251,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """
         held = self._held
         if held is None:
-            transport.write(frame)
+            if type(frame) is SplicedFrame:
+                transport.writelines(frame.parts)
+            else:
+                transport.write(cast(bytes, frame))
             if self._hold_loop is not None:
                 self._held = []
                 self._hold_loop.call_soon(self._release_held)
@@ -254,10 +273,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def _write_held(self, held: list[Frame]) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if len(held) == 1:
-                transport.write(held[0])
+            if len(held) == 1 and type(held[0]) is not SplicedFrame:
+                transport.write(cast(bytes, held[0]))
             else:
-                transport.writelines(held)
+                transport.writelines(_parts(held))
 
     def eof_received(self) -> bool | None:
         return False
@@ -338,7 +357,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
         Chunks are at most :data:`STREAM_CHUNK` bytes and at most a quarter of
         the peer's window (but not under :data:`MIN_STREAM_CHUNK`), and carry
-        views of ``data``: the bytes are copied once, into the frame.
+        views of ``data``: immutable ``data`` (bytes) is written as it is
+        (spliced, see :func:`~protocol.framing.encode_chunk`), anything else
+        is copied once, into the frame.
         """
         view = memoryview(data)
         offset = 0

@@ -36,8 +36,7 @@ tables of :mod:`protocol.states` alone (PROTOCOL.md section 5); this module
 keeps the books those messages change. Each call in flight has one record,
 holding one record per stream name (:class:`_Stream`): both directions'
 credit, sequence numbers and ends. The machine numbers outgoing chunks
-(:meth:`Connection.next_seq`) and hands out call ids
-(:meth:`ClientConnection.next_call_id`): the glue allocates neither.
+(:meth:`Connection.next_seq`) and hands out call ids (:meth:`ClientConnection.next_call_id`).
 
 Any violation raises a :class:`~protocol.errors.RemoteProtocolError`: the machine
 moves to ``CLOSED`` and leaves an Abort frame in the outbox for the caller to
@@ -68,7 +67,7 @@ from protocol.errors import (
     UnsupportedCipher,
     VersionMismatch,
 )
-from protocol.framing import FrameReader, encode_frame, frame_header
+from protocol.framing import FrameReader, SplicedFrame, encode_chunk, encode_frame, frame_header
 from protocol.handshake import (
     Negotiated,
     choose_cipher,
@@ -121,7 +120,7 @@ class HandshakeComplete:
 
 ConnectionEvent = HandshakeComplete | Message
 StreamKey = tuple[int, str]
-Frame = bytes | bytearray
+Frame = bytes | bytearray | SplicedFrame
 #: How a role sends, or takes in, one kind of message (unbound methods).
 _Sender = Callable[[Any, Any], Frame]
 _Receiver = Callable[[Any, Any, list[ConnectionEvent]], None]
@@ -180,8 +179,9 @@ class Connection:
         self._outbox = bytearray()
         self._seal: Callable[[bytes, bytes], bytes] | None = None
         self._opener: FrameOpener | None = None
-        #: Calls in flight (sent and unanswered on a client, received and
-        #: unanswered on a server), each with the books of its streams.
+        #: Whether large chunks may be framed as a SplicedFrame (a glue that writes them sets it).
+        self.splice = False
+        #: Calls in flight (sent and unanswered on a client, received and unanswered on a server).
         self._calls: dict[int, _Call] = {}
         self._negotiated: Negotiated | None = None
         self._handshake_step = 0
@@ -401,7 +401,7 @@ class Connection:
 
     # -- sending ------------------------------------------------------------
 
-    def _frame(self, message: Message) -> Frame:
+    def _frame(self, message: Message) -> bytes | bytearray:
         return encode_frame(ENCODER, message, self.peer_max_frame, self._seal)
 
     def _send_chunk(self, chunk: Chunk) -> Frame:
@@ -423,7 +423,7 @@ class Connection:
             )
         if size > self.max_chunk:
             raise LocalProtocolError(f"chunk of {size} bytes exceeds max_chunk {self.max_chunk}")
-        frame = self._frame(chunk)
+        frame = encode_chunk(ENCODER, chunk, self.peer_max_frame, self._seal, self.splice)
         call[chunk.stream] = entry
         entry.out_seq += 1
         entry.out_credit -= size
@@ -439,7 +439,7 @@ class Connection:
         self.state = state
         self._accepted = ACCEPTS[self.role][state]
 
-    def _abort_frame(self, code: ErrorCode, message: str) -> Frame:
+    def _abort_frame(self, code: ErrorCode, message: str) -> bytes | bytearray:
         abort = Abort(code=int(code), message=message[: limits.MAX_ERROR_MESSAGE])
         try:
             return self._frame(abort)

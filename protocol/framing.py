@@ -30,7 +30,11 @@ have one size), sparing an allocation and its zero-fill per frame.
 :func:`encode_frame` writes the header in place in front of the msgpack body
 (``msgspec.Encoder.encode_into`` at offset 4), so the body is never copied;
 it is also the one place a sealed frame is laid out (header, then ciphertext
-and tag authenticated with that header).
+and tag authenticated with that header). :func:`encode_chunk` frames a Chunk
+whose data is large and immutable without copying the data: a
+:class:`SplicedFrame` of the encoded fields around the data as it is, which
+the glue writes with one ``writelines`` (a ``writev``). Its bytes are exactly
+those :func:`encode_frame` produces (the same encoder lays out every field).
 """
 
 from __future__ import annotations
@@ -44,8 +48,13 @@ import msgspec
 
 from protocol import limits
 from protocol.errors import FrameTooLarge, LocalProtocolError
+from protocol.messages import Chunk
 
 _HEADER: Final = struct.Struct(">I")
+#: msgpack's bin 32 header: the marker byte and a 4-byte big-endian length.
+_BIN32: Final = struct.Struct(">BI")
+#: Chunk data from this size on is spliced into its frame, not copied (bin 32 from here).
+SPLICE_MIN: Final = 64 * 1024
 _COMPACT_AT: Final = 256 * 1024
 _PREALLOCATE_AT: Final = 64 * 1024
 #: Size of the scratch area :meth:`FrameReader.get_buffer` offers between large bodies.
@@ -200,6 +209,13 @@ def frame_header(length: int) -> bytes:
     return _HEADER.pack(length)
 
 
+def _check_length(length: int, max_frame: int) -> None:
+    if length > max_frame:
+        raise LocalProtocolError(
+            f"frame body of {length} bytes exceeds the peer's cap of {max_frame}"
+        )
+
+
 def encode_frame(
     encoder: msgspec.msgpack.Encoder,
     message: object,
@@ -220,12 +236,62 @@ def encode_frame(
     else:
         body = encoder.encode(message)
         length = len(body) + limits.AEAD_TAG_SIZE
-    if length > max_frame:
-        raise LocalProtocolError(
-            f"frame body of {length} bytes exceeds the peer's cap of {max_frame}"
-        )
+    _check_length(length, max_frame)
     if seal is None:
         _HEADER.pack_into(buf, 0, length)
         return buf
     header = _HEADER.pack(length)
     return header + seal(header, body)
+
+
+class SplicedFrame:
+    """A frame in three parts: header and fields before the data, the data, the fields after.
+
+    The data is the caller's own immutable object (never copied): it stays
+    referenced until the transport has written it.
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, head: bytes, data: bytes | memoryview, tail: bytes) -> None:
+        self.parts = (head, data, tail)
+        self.size = len(head) + len(data) + len(tail)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _immutable(data: object) -> bool:
+    """Whether ``data`` can never change: bytes, or a read-only view of bytes."""
+    if type(data) is bytes:
+        return True
+    return type(data) is memoryview and data.readonly and type(data.obj) is bytes
+
+
+def encode_chunk(
+    encoder: msgspec.msgpack.Encoder,
+    chunk: Chunk,
+    max_frame: int,
+    seal: Callable[[bytes, bytes], bytes] | None,
+    splice: bool,
+) -> bytes | bytearray | SplicedFrame:
+    """The frame of ``chunk``: spliced (see the module docstring) when ``splice`` allows it.
+
+    Only plaintext frames of immutable data of at least :data:`SPLICE_MIN`
+    bytes are spliced; anything else is :func:`encode_frame`'s. The fields
+    are encoded around a bin 32 header standing in for the data, so their
+    layout is the encoder's in both cases.
+    """
+    data = chunk.data
+    if not splice or seal is not None or len(data) < SPLICE_MIN or not _immutable(data):
+        return encode_frame(encoder, chunk, max_frame, seal)
+    marker = _BIN32.pack(0xC6, len(data))
+    fields = encoder.encode(msgspec.structs.replace(chunk, data=msgspec.Raw(marker)))
+    # The data's header is the last one: only fields after the data (small) follow it.
+    cut = fields.rindex(marker) + len(marker)
+    length = len(fields) + len(data)
+    _check_length(length, max_frame)
+    return SplicedFrame(_HEADER.pack(length) + fields[:cut], data, fields[cut:])

@@ -43,6 +43,21 @@ async def test_small_and_large_files_round_trip(tmp_path: Path, client: ExecdCli
     await client.noop()
 
 
+async def test_read_file_returns_every_block_in_order(tmp_path: Path, client: ExecdClient) -> None:
+    """Streamed blocks (spliced frames at execd, gathered in one buffer here) keep their order."""
+    block = 1024 * 1024
+    content = hashlib.shake_256(b"order").digest(5 * block // 2)  # no block repeats another
+    for size in (0, 1, block - 1, block, block + 1, 2 * block, len(content)):
+        path = tmp_path / f"f{size}"
+        path.write_bytes(content[:size])
+        assert await client.read_file(str(path)) == content[:size]
+    whole = str(tmp_path / f"f{len(content)}")
+    assert (
+        await client.read_file(whole, offset=block - 5, length=block + 10)
+        == (content[block - 5 : 2 * block + 5])
+    )
+
+
 async def test_one_gib_file_streams_with_bounded_memory(
     execd: RunningExecd, tmp_path: Path, client: ExecdClient
 ) -> None:

@@ -7,6 +7,8 @@ chat-completions endpoint on loopback (tests/support/model_endpoint.py).
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import time
@@ -157,6 +159,11 @@ def test_max_retry_wait_caps_retry_after(tmp_path: Path, endpoint: ModelEndpoint
     assert status == 0, err
     assert "retrying in 0.5 s (Retry-After asked 60 min 00 s; capped)" in err
     assert "final answer:\ndone" in out
+    # A finished run removes execd's directory and the log in it.
+    log = re.search(r"^execd's log: (\S+) \(kept only if the run does not finish\)$", out, re.M)
+    assert log is not None, out
+    assert "execd's log kept" not in out
+    assert not os.path.exists(os.path.dirname(log.group(1)))
 
 
 def test_sigterm_during_a_retry_wait_ends_the_trace_with_session_end(

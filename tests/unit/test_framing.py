@@ -18,7 +18,14 @@ from protocol.errors import (
     ProtocolError,
     UnknownMessageType,
 )
-from protocol.framing import FrameReader, encode_frame, frame_header
+from protocol.framing import (
+    SPLICE_MIN,
+    FrameReader,
+    SplicedFrame,
+    encode_chunk,
+    encode_frame,
+    frame_header,
+)
 from protocol.messages import (
     EMPTY_MAP,
     MESSAGE_TYPES,
@@ -79,6 +86,51 @@ def test_default_fields_are_omitted_on_the_wire() -> None:
     }
     chunk = msgspec.msgpack.decode(encode_message(Chunk(id=1, stream="s", seq=0)))
     assert chunk == {"t": "chunk", "id": 1, "stream": "s", "seq": 0}
+
+
+@pytest.mark.parametrize("size", [SPLICE_MIN, SPLICE_MIN + 1, 3 * SPLICE_MIN + 17, 1 << 20])
+@pytest.mark.parametrize("end", [False, True])
+@pytest.mark.parametrize("view", [False, True])
+def test_a_spliced_chunk_frame_is_byte_for_byte_the_encoded_one(
+    size: int, end: bool, view: bool
+) -> None:
+    """The fast path and the ordinary one agree: same bytes, same cap check."""
+    content = bytes(range(256)) * (size // 256 + 2)
+    data: bytes = memoryview(content)[3 : 3 + size] if view else content[:size]  # type: ignore[assignment]
+    chunk = Chunk(id=2**40 + 5, stream="data", seq=12345, data=data, end=end)
+    spliced = encode_chunk(ENCODER, chunk, limits.DEFAULT_MAX_FRAME, None, True)
+    assert isinstance(spliced, SplicedFrame)
+    assert spliced.parts[1] is data  # written as it is, never copied
+    ordinary = encode_frame(ENCODER, chunk, limits.DEFAULT_MAX_FRAME)
+    assert bytes(spliced) == bytes(ordinary) and len(spliced) == len(ordinary)
+    reader = FrameReader(limits.DEFAULT_MAX_FRAME)
+    reader.feed(bytes(spliced))
+    assert decode_message(reader.next_frame() or b"") == Chunk(
+        id=chunk.id, stream="data", seq=12345, data=bytes(data), end=end
+    )
+    body = len(ordinary) - limits.HEADER_SIZE
+    assert len(encode_chunk(ENCODER, chunk, body, None, True)) == len(ordinary)
+    with pytest.raises(LocalProtocolError, match="exceeds the peer's cap"):
+        encode_chunk(ENCODER, chunk, body - 1, None, True)
+    with pytest.raises(LocalProtocolError, match="exceeds the peer's cap"):
+        encode_frame(ENCODER, chunk, body - 1)
+
+
+def test_chunks_are_spliced_only_when_large_immutable_plaintext_and_allowed() -> None:
+    big = b"z" * SPLICE_MIN
+
+    def framed(data: bytes, *, splice: bool = True, sealed: bool = False) -> object:
+        chunk = Chunk(id=1, stream="s", seq=0, data=data)
+        seal = (lambda header, body: body + b"\0" * limits.AEAD_TAG_SIZE) if sealed else None
+        return encode_chunk(ENCODER, chunk, limits.DEFAULT_MAX_FRAME, seal, splice)
+
+    assert isinstance(framed(big), SplicedFrame)
+    assert not isinstance(framed(big, splice=False), SplicedFrame)
+    assert not isinstance(framed(big, sealed=True), SplicedFrame)
+    assert not isinstance(framed(big[:-1]), SplicedFrame)
+    # Data that may change after the call (a bytearray or a view of one) is copied.
+    assert not isinstance(framed(bytearray(big)), SplicedFrame)  # type: ignore[arg-type]
+    assert not isinstance(framed(memoryview(bytearray(big))), SplicedFrame)  # type: ignore[arg-type]
 
 
 # -- FrameReader -------------------------------------------------------------------
