@@ -55,6 +55,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from execd import procfs, reaper, spawn_at
@@ -87,6 +88,7 @@ def decode_status(status: int) -> tuple[int | None, int | None]:
 # -- spawning --------------------------------------------------------------------
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Child:
     """A running (or finished) spawned process and the parent ends of its pipes.
 
@@ -102,45 +104,23 @@ class Child:
     ``time.monotonic()`` of the spawn and of the reaping.
     """
 
-    __slots__ = (
-        "_loop",
-        "_pidfd",
-        "_popen",
-        "_waiters",
-        "ended",
-        "exited",
-        "limits",
-        "pid",
-        "started",
-        "stderr",
-        "stdin",
-        "stdout",
-    )
+    _loop: asyncio.AbstractEventLoop
+    started: float
+    pid: int
+    _popen: subprocess.Popen[bytes] | None
+    _pidfd: int
+    stdin: int | None
+    stdout: int
+    stderr: int
+    ended: float = field(init=False)
+    exited: asyncio.Future[int] = field(init=False)
+    limits: Plan | None = field(init=False, default=None)
+    _waiters: list[asyncio.Future[int]] = field(init=False, default_factory=list)
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        started: float,
-        pid: int,
-        popen: subprocess.Popen[bytes] | None,
-        pidfd: int,
-        stdin: int | None,
-        stdout: int,
-        stderr: int,
-    ) -> None:
-        self._loop = loop
-        self._popen = popen
-        self._pidfd = pidfd
-        self.pid = pid
-        self.stdin = stdin
-        self.stdout = stdout
-        self.stderr = stderr
-        self.started = started
-        self.ended = started
-        self.exited: asyncio.Future[int] = loop.create_future()
-        self.limits: Plan | None = None
-        self._waiters: list[asyncio.Future[int]] = []
-        loop.add_reader(pidfd, self._on_pidfd)
+    def __post_init__(self) -> None:
+        self.ended = self.started
+        self.exited = self._loop.create_future()
+        self._loop.add_reader(self._pidfd, self._on_pidfd)
 
     def wait(self) -> asyncio.Future[int]:
         """A new future of the wait status; cancelling it concerns no one else."""
@@ -483,8 +463,21 @@ def spawn(
     for fd in (out_r, err_r, in_w):
         if fd >= 0:
             os.set_blocking(fd, False)
+    pidfd = _open_pidfd(pid, popen, (out_r, err_r, in_w))
+    child = Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
+    if limits is not None:
+        limits.attach(child)
+    return child
+
+
+def _open_pidfd(pid: int, popen: subprocess.Popen[bytes] | None, fds: tuple[int, ...]) -> int:
+    """A pidfd for the tracked group leader ``pid`` just started.
+
+    Without one the child cannot be watched: its group is killed and reaped,
+    ``fds`` (our ends of its pipes, -1 for none) are closed and SpawnFailed raised.
+    """
     try:
-        pidfd = os.pidfd_open(pid)
+        return os.pidfd_open(pid)
     except OSError as exc:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
@@ -492,14 +485,10 @@ def spawn(
         if popen is not None:
             popen.returncode = -signal.SIGKILL
         reaper.untrack(pid)
-        for fd in (out_r, err_r, in_w):
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
         raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
-    child = Child(loop, started, pid, popen, pidfd, in_w if stdin_pipe else None, out_r, err_r)
-    if limits is not None:
-        limits.attach(child)
-    return child
 
 
 async def terminate_group(child: Child, grace: float, sig: int = signal.SIGTERM) -> None:
@@ -537,12 +526,5 @@ make_inherited_fds_close_on_exec = _sweep_inherited_fds
 
 def watch(pid: int, started: float) -> Child:
     """A :class:`Child` for a process spawned elsewhere (no pipes), already tracked."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError as exc:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        reaper.untrack(pid)
-        raise SpawnFailed(f"cannot watch the process: {exc.strerror}") from None
+    pidfd = _open_pidfd(pid, None, ())
     return Child(asyncio.get_running_loop(), started, pid, None, pidfd, None, -1, -1)
