@@ -41,21 +41,11 @@ class _Libc:
         import ctypes
 
         self.ctypes = ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.addchdir = libc.posix_spawn_file_actions_addchdir_np
-        self.spawn = libc.posix_spawn
-        self.spawnp = libc.posix_spawnp
-        self.actions_init = libc.posix_spawn_file_actions_init
-        self.actions_destroy = libc.posix_spawn_file_actions_destroy
-        self.adddup2 = libc.posix_spawn_file_actions_adddup2
-        self.addopen = libc.posix_spawn_file_actions_addopen
-        self.attr_init = libc.posix_spawnattr_init
-        self.attr_destroy = libc.posix_spawnattr_destroy
-        self.setflags = libc.posix_spawnattr_setflags
-        self.setsigdefault = libc.posix_spawnattr_setsigdefault
-        self.sigemptyset = libc.sigemptyset
-        self.sigaddset = libc.sigaddset
-        for function in (self.spawn, self.spawnp):
+        # Called by their C names: the CDLL keeps each function, with the
+        # argtypes set here, after its first lookup. A C library without the
+        # chdir action fails that lookup with AttributeError.
+        self.c = c = ctypes.CDLL(None, use_errno=True)
+        for function in (c.posix_spawn, c.posix_spawnp):
             function.argtypes = [
                 ctypes.POINTER(ctypes.c_int),
                 ctypes.c_char_p,
@@ -64,15 +54,15 @@ class _Libc:
                 ctypes.c_void_p,
                 ctypes.c_void_p,
             ]
-        self.setflags.argtypes = [ctypes.c_void_p, ctypes.c_short]
-        self.addopen.argtypes = [
+        c.posix_spawnattr_setflags.argtypes = [ctypes.c_void_p, ctypes.c_short]
+        c.posix_spawn_file_actions_addopen.argtypes = [
             ctypes.c_void_p,
             ctypes.c_int,
             ctypes.c_char_p,
             ctypes.c_int,
             ctypes.c_uint,
         ]
-        self.addchdir.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        c.posix_spawn_file_actions_addchdir_np.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         if ctypes.sizeof(ctypes.c_void_p) != array.array(_POINTER_TYPE).itemsize:
             raise OSError(errno.ENOSYS, "pointers of an unexpected size")
         self.attributes: dict[tuple[bool, tuple[int, ...]], Any] = {}
@@ -130,15 +120,15 @@ def _attributes(libc: _Libc, setsid: bool, setsigdef: tuple[int, ...]) -> Any:
         ctypes = libc.ctypes
         attr = (ctypes.c_char * _OPAQUE)()
         sigset = (ctypes.c_char * _OPAQUE)()
-        _check(libc.attr_init(attr))
+        _check(libc.c.posix_spawnattr_init(attr))
         flags = _SETSID if setsid else 0
         if setsigdef:
-            libc.sigemptyset(sigset)
+            libc.c.sigemptyset(sigset)
             for signum in setsigdef:
-                libc.sigaddset(sigset, signum)
-            _check(libc.setsigdefault(attr, sigset))
+                libc.c.sigaddset(sigset, signum)
+            _check(libc.c.posix_spawnattr_setsigdefault(attr, sigset))
             flags |= _SETSIGDEF
-        _check(libc.setflags(attr, flags))
+        _check(libc.c.posix_spawnattr_setflags(attr, flags))
         libc.attributes[key] = attr
     return attr
 
@@ -165,7 +155,7 @@ def spawn_in(
     libc = _load()
     if libc is None:
         raise OSError(errno.ENOSYS, "posix_spawn cannot change directory with this C library")
-    ctypes = libc.ctypes
+    ctypes, c = libc.ctypes, libc.c
     if "=" in "".join(env) or "" in env:
         raise ValueError("illegal environment variable name")
     if "\0" in path or "\0" in cwd:
@@ -173,23 +163,25 @@ def spawn_in(
     program, directory = os.fsencode(path), os.fsencode(cwd)
     attr = _attributes(libc, setsid, tuple(setsigdef))
     actions = (ctypes.c_char * _OPAQUE)()
-    _check(libc.actions_init(actions))
+    _check(c.posix_spawn_file_actions_init(actions))
     try:
         for action in file_actions:
             if action[0] == os.POSIX_SPAWN_DUP2:
-                _check(libc.adddup2(actions, action[1], action[2]))
+                _check(c.posix_spawn_file_actions_adddup2(actions, action[1], action[2]))
             elif action[0] == os.POSIX_SPAWN_OPEN:
                 _, fd, name, flags, mode = action
-                _check(libc.addopen(actions, fd, os.fsencode(name), flags, mode))
+                _check(
+                    c.posix_spawn_file_actions_addopen(actions, fd, os.fsencode(name), flags, mode)
+                )
             else:
                 raise ValueError(f"unsupported file action {action[0]}")
-        _check(libc.addchdir(actions, directory))
+        _check(c.posix_spawn_file_actions_addchdir_np(actions, directory))
         argv_address, *argv_keep = _vector(ctypes, list(argv))
         env_address, *env_keep = _vector(ctypes, list(map("=".join, env.items())))
         pid = ctypes.c_int(0)
-        function = libc.spawnp if search else libc.spawn
+        function = c.posix_spawnp if search else c.posix_spawn
         _check(function(ctypes.byref(pid), program, actions, attr, argv_address, env_address))
         del argv_keep, env_keep
         return int(pid.value)
     finally:
-        libc.actions_destroy(actions)
+        c.posix_spawn_file_actions_destroy(actions)
