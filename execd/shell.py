@@ -50,7 +50,7 @@ from execd import commands, pipes
 from execd import spawn as spawning
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
-from execd.context import CallContext, ConnectionLost, Method, bind
+from execd.context import CallContext, ConnectionLost
 from execd.errors import (
     AlreadyAttached,
     AlreadyExited,
@@ -342,6 +342,8 @@ class _Detached:
 class ShellCapability(CommandCapability):
     """``shell.*`` methods over one process-wide table of commands."""
 
+    rpcs = rpc.RPCS
+
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "shell")
         self._live = 0
@@ -350,10 +352,6 @@ class ShellCapability(CommandCapability):
         self._detached: dict[str, _Detached] = {}
 
     # -- public ----------------------------------------------------------------
-
-    def methods(self) -> list[Method]:
-        """The dispatch table entries of this capability."""
-        return bind(self, rpc.RPCS)
 
     @property
     def live_processes(self) -> int:
