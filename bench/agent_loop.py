@@ -39,7 +39,7 @@ from bench.stats import Summary, summarize
 from harnessd.agent import AgentLimits, AgentSession
 from harnessd.api import ExecdClient, connect
 from harnessd.ledger_sync import LedgerSync, LocalLedger
-from harnessd.models import AssistantTurn, ChatMessage, ToolSpec
+from harnessd.models import AssistantTurn, ChatMessage, ModelWrapper, ToolSpec
 from harnessd.scripted_model import ScriptedModel
 from harnessd.tools import ToolConfig
 
@@ -50,23 +50,19 @@ LOOP_TARGET_MS = 0.1
 ROUNDS = 3
 
 
-class _TimedModel:
+class _TimedModel(ModelWrapper):
     """A model that notes when each request came and when its reply went back."""
 
     def __init__(self, inner: ScriptedModel) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.asked: list[float] = []
         self.answered: list[float] = []
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
 
     async def complete(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
     ) -> AssistantTurn:
         self.asked.append(time.perf_counter())
-        reply = await self._inner.complete(messages, tools)
+        reply = await super().complete(messages, tools)
         self.answered.append(time.perf_counter())
         return reply
 

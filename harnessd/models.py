@@ -113,6 +113,26 @@ class Model(Protocol):
     ) -> AssistantTurn: ...
 
 
+class ModelWrapper:
+    """A model around another: its name, and each turn the inner model's.
+
+    Subclasses add to :meth:`complete` (a pause, a timestamp) and call this one.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        """The inner model's turn."""
+        return await self.model.complete(messages, tools)
+
+
 # -- errors -----------------------------------------------------------------------------
 
 

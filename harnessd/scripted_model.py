@@ -26,6 +26,7 @@ from harnessd.models import (
     ChatMessage,
     Model,
     ModelConfigError,
+    ModelWrapper,
     ScriptExhausted,
     ToolCall,
     ToolSpec,
@@ -176,7 +177,7 @@ class ScriptedModel:
         return msgspec.structs.replace(turn, tool_calls=list(turn.tool_calls))
 
 
-class PacedModel:
+class PacedModel(ModelWrapper):
     """Another model, answering each turn only after ``seconds`` (a remote model's latency).
 
     With ``jitter`` the wait is drawn uniformly from ``seconds * [1 - jitter,
@@ -188,13 +189,9 @@ class PacedModel:
     def __init__(self, model: Model, seconds: float, *, jitter: float = 0.0) -> None:
         if seconds < 0 or not 0 <= jitter <= 1:
             raise ModelConfigError("seconds must be >= 0 and jitter within [0, 1]")
-        self.model = model
+        super().__init__(model)
         self.seconds = seconds
         self.jitter = jitter
-
-    @property
-    def name(self) -> str:
-        return self.model.name
 
     async def complete(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
@@ -202,7 +199,7 @@ class PacedModel:
         """The wrapped model's turn, after the pause."""
         spread = self.seconds * self.jitter
         await asyncio.sleep(self.seconds + random.uniform(-spread, spread))
-        return await self.model.complete(messages, tools)
+        return await super().complete(messages, tools)
 
 
 def _materialise(index: int, turn: _ScriptTurn) -> AssistantTurn:
