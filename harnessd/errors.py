@@ -46,12 +46,16 @@ class ConnectFailed(HarnessError):
     """No connection could be made to execd."""
 
 
-class HandshakeFailed(HarnessError):
-    """The handshake did not complete; ``code`` is the wire code when known."""
+class _MaybeCoded(HarnessError):
+    """A connection-level failure; ``code`` is the wire code (an Abort's) when known."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class HandshakeFailed(_MaybeCoded):
+    """The handshake did not complete; ``code`` is the wire code when known."""
 
 
 class AuthenticationFailed(HandshakeFailed):
@@ -62,12 +66,8 @@ class NotAnExecd(HandshakeFailed):
     """The peer does not speak the execd protocol (an HTTP server, say), or hung up unanswered."""
 
 
-class ProtocolViolation(HarnessError):
+class ProtocolViolation(_MaybeCoded):
     """execd broke the protocol, or closed the connection with an Abort."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class LaunchFailed(HarnessError):
