@@ -93,13 +93,25 @@ def make_pair(
     return client, server
 
 
+def handshake_frames(
+    client: ClientConnection, server: ServerConnection
+) -> tuple[list[bytes], list[Any], list[Any]]:
+    """Run the four-frame handshake: its frames (Hello, Challenge, Auth, Welcome), each side's events."""
+    frames: list[bytes] = []
+    client_events: list[Any] = []
+    server_events: list[Any] = []
+    for _ in range(2):
+        frames.append(client.data_to_send())
+        server_events += server.receive_data(frames[-1])
+        frames.append(server.data_to_send())
+        client_events += client.receive_data(frames[-1])
+    assert client.state is State.OPEN and server.state is State.OPEN
+    return frames, client_events, server_events
+
+
 def handshake(client: ClientConnection, server: ServerConnection) -> tuple[list[Any], list[Any]]:
     """Run the four-frame handshake; return the events of each side."""
-    server_events = server.receive_data(client.data_to_send())
-    client_events = client.receive_data(server.data_to_send())
-    server_events += server.receive_data(client.data_to_send())
-    client_events += client.receive_data(server.data_to_send())
-    assert client.state is State.OPEN and server.state is State.OPEN
+    _, client_events, server_events = handshake_frames(client, server)
     return client_events, server_events
 
 
@@ -172,6 +184,20 @@ def side_of(block: dict[str, str], side: str) -> dict[str, Any]:
         "max_frame": int(block[f"{side} max_frame"]),
         "window": int(block[f"{side} window"]),
     }
+
+
+def completed(
+    block: dict[str, str], peer: str, info: dict[str, str | int] | None = None
+) -> HandshakeComplete:
+    """The event a side reports in a block: the chosen cipher, ``peer``'s limits, Welcome's info."""
+    announced = side_of(block, peer)
+    return HandshakeComplete(
+        version=1,
+        cipher=block["chosen cipher"],
+        peer_max_frame=announced["max_frame"],
+        peer_window=announced["window"],
+        info=info or {},
+    )
 
 
 def independent_transcript(block: dict[str, str]) -> bytes:
@@ -272,24 +298,8 @@ def test_connection_machines_produce_the_spec_frames(index: int) -> None:
     assert welcome.hex() == block["welcome frame"]
     client_events = client.receive_data(welcome)
     assert client.data_to_send() == b""
-    cipher = block["chosen cipher"]
-    assert server_events == [
-        HandshakeComplete(
-            version=1,
-            cipher=cipher,
-            peer_max_frame=int(block["client max_frame"]),
-            peer_window=int(block["client window"]),
-        )
-    ]
-    assert client_events == [
-        HandshakeComplete(
-            version=1,
-            cipher=cipher,
-            peer_max_frame=int(block["server max_frame"]),
-            peer_window=int(block["server window"]),
-            info=info,
-        )
-    ]
+    assert server_events == [completed(block, "client")]
+    assert client_events == [completed(block, "server", info)]
     ping = client.send(Ping(seq=1))
     assert bytes(ping).hex() == block["sealed ping(seq=1) frame, counter 0"]
     assert server.receive_data(ping) == []
@@ -352,14 +362,7 @@ def test_client_rejects_a_welcome_with_a_wrong_mac() -> None:
 
 
 def test_replayed_auth_fails_against_a_new_server() -> None:
-    client, server = make_pair()
-    recorded_hello = client.data_to_send()
-    server.receive_data(recorded_hello)
-    client.receive_data(server.data_to_send())
-    recorded_auth = client.data_to_send()
-    server.receive_data(recorded_auth)
-    assert server.state is State.OPEN
-
+    (recorded_hello, _, recorded_auth, _), _, _ = handshake_frames(*make_pair())
     replay_target = ServerConnection(TOKEN, max_frame=SMALL_CAP)
     with pytest.raises(AuthenticationFailed):
         replay_target.receive_data(recorded_hello + recorded_auth)
@@ -367,15 +370,8 @@ def test_replayed_auth_fails_against_a_new_server() -> None:
 
 
 def test_replayed_welcome_fails_against_a_new_client() -> None:
-    client, server = make_pair(limits.CIPHER_AESGCM)
-    server.receive_data(client.data_to_send())
-    recorded_challenge = server.data_to_send()
-    client.receive_data(recorded_challenge)
-    server.receive_data(client.data_to_send())
-    recorded_welcome = server.data_to_send()
-    client.receive_data(recorded_welcome)
-    assert client.state is State.OPEN
-
+    frames, _, _ = handshake_frames(*make_pair(limits.CIPHER_AESGCM))
+    _, recorded_challenge, _, recorded_welcome = frames
     victim = ClientConnection(TOKEN, ciphers=(limits.CIPHER_AESGCM,), max_frame=SMALL_CAP)
     victim.data_to_send()
     assert victim.receive_data(recorded_challenge) == []
