@@ -17,7 +17,8 @@ is spawned, so that the three capabilities cannot drift apart:
 * :class:`CommandCapability` is what each of the three keeps: its limits,
   the protected marker variable, the base environment of its commands, its
   :class:`BackgroundTasks` (tasks it starts and must see finished before it
-  closes), and whether it is closed; :func:`close_each` ends a table of
+  closes), its :func:`private_root` once made, and whether it is closed (then
+  it refuses to start anything); :func:`close_each` ends a table of
   records at once when it closes, and :func:`wait_done` is the ``*.wait``
   methods' bounded wait for a record to end.
 """
@@ -35,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 from execd.config import Config
 from execd.context import Method, bind
-from execd.errors import InvalidParams
+from execd.errors import InvalidParams, ShuttingDown
 from execd.limits import ResourceControl
 from protocol.rpc import Rpc
 from protocol.rpc.shell import MAX_TITLE
@@ -199,8 +200,10 @@ class CommandCapability:
         self._resources = ResourceControl(config.limits.command_limits)
         self._marker_var = config.marker_var
         self._base_env = dict(base_env)
+        self._name = name
         self._background = BackgroundTasks(name)
         self._closed = False
+        self._root: str | None = None
 
     rpcs: ClassVar[tuple[Rpc[Any, Any], ...]] = ()
     """The methods this capability serves, each by the handler named after it."""
@@ -208,6 +211,17 @@ class CommandCapability:
     def methods(self) -> list[Method]:
         """The dispatch table entries of this capability."""
         return bind(self, self.rpcs)
+
+    def _check_open(self) -> None:
+        """Refuse to start anything once the capability is closing."""
+        if self._closed:
+            raise ShuttingDown(f"the {self._name} capability is closed")
+
+    def _private_root(self) -> str:
+        """This capability's :func:`private_root` (named after it), made on first use."""
+        if self._root is None:
+            self._root = private_root(self._config, self._name)
+        return self._root
 
 
 async def wait_done(done: asyncio.Event, timeout: float | None) -> None:

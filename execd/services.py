@@ -56,7 +56,6 @@ from execd.commands import (
     close_each,
     command_argv,
     command_environment,
-    private_root,
     title_of,
 )
 from execd.config import Config
@@ -69,7 +68,6 @@ from execd.errors import (
     NotReady,
     ServiceExists,
     ServiceFailed,
-    ShuttingDown,
     from_oserror,
 )
 from execd.fit import encoded_size, ensure_fits, fit_list, result_budget
@@ -201,7 +199,6 @@ class ServicesCapability(CommandCapability):
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "services")
         self._services: dict[str, _Service] = {}
-        self._log_dir: str | None = None
 
     async def close(self) -> None:
         """Stop every service (SIGTERM, grace, SIGKILL, sweep) and forget them all."""
@@ -225,10 +222,6 @@ class ServicesCapability(CommandCapability):
 
     # -- helpers ---------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ShuttingDown("the services capability is closed")
-
     def _get(self, name: str) -> _Service:
         rec = self._services.get(name)
         if rec is None:
@@ -236,12 +229,11 @@ class ServicesCapability(CommandCapability):
         return rec
 
     def _default_log(self, name: str) -> str:
-        if self._log_dir is None:
-            try:
-                self._log_dir = private_root(self._config, "services")
-            except OSError as exc:
-                raise from_oserror(exc) from None
-        return os.path.join(self._log_dir, f"{name}.log")
+        try:
+            root = self._private_root()
+        except OSError as exc:
+            raise from_oserror(exc) from None
+        return os.path.join(root, f"{name}.log")
 
     def _spec(self, params: rpc.StartParams, sub_marker: str) -> _Spec:
         argv = command_argv(params.argv, params.command)

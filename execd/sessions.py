@@ -73,7 +73,6 @@ from execd.commands import (
     CommandCapability,
     close_each,
     command_environment,
-    private_root,
 )
 from execd.config import Config
 from execd.context import CallContext
@@ -83,7 +82,6 @@ from execd.errors import (
     SessionBusy,
     SessionDead,
     SessionExists,
-    ShuttingDown,
     SpawnFailed,
     from_oserror,
 )
@@ -276,7 +274,6 @@ class SessionsCapability(CommandCapability):
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "sessions")
         self._sessions: dict[str, _Session] = {}
-        self._root: str | None = None
 
     async def close(self) -> None:
         """Kill every session and everything it started."""
@@ -304,9 +301,7 @@ class SessionsCapability(CommandCapability):
         return sess
 
     def _private_dir(self, name: str) -> str:
-        if self._root is None:
-            self._root = private_root(self._config, "sessions")
-        return tempfile.mkdtemp(prefix=f"{name}-", dir=self._root)
+        return tempfile.mkdtemp(prefix=f"{name}-", dir=self._private_root())
 
     def _write_private(self, path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
@@ -367,8 +362,7 @@ class SessionsCapability(CommandCapability):
 
     async def sessions_open(self, params: rpc.OpenParams, ctx: CallContext) -> rpc.SessionInfo:
         """``sessions.open``: start a named shell."""
-        if self._closed:
-            raise ShuttingDown("the sessions capability is closed")
+        self._check_open()
         existing = self._sessions.get(params.name)
         if existing is not None:
             if existing.alive:
@@ -389,8 +383,7 @@ class SessionsCapability(CommandCapability):
                 raise LimitExceeded(f"too many sessions (limit {limit})", {"limit": limit})
             await self._destroy(dead[0])
         # Checked again: another call may have changed the table while this one waited.
-        if self._closed:
-            raise ShuttingDown("the sessions capability is closed")
+        self._check_open()
         if params.name in self._sessions:
             raise SessionExists(f"session {params.name!r} exists", {"name": params.name})
         if len(self._sessions) >= limit:

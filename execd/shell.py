@@ -58,7 +58,6 @@ from execd.errors import (
     LimitExceeded,
     NoSuchProcess,
     ProcessLimit,
-    ShuttingDown,
 )
 from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
 from execd.output import ByteRing, HeadTailBuffer, fit_pair
@@ -395,8 +394,7 @@ class ShellCapability(CommandCapability):
         )
 
     def _spawn(self, params: rpc.RunParams, argv: list[str]) -> spawning.Child:
-        if self._closed:
-            raise ShuttingDown("the shell capability is closed")
+        self._check_open()
         if self._live >= self._limits.max_processes:
             raise ProcessLimit(
                 f"too many running commands (limit {self._limits.max_processes})",

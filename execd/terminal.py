@@ -53,7 +53,6 @@ from execd.errors import (
     LimitExceeded,
     NoSuchProcess,
     ProcessLimit,
-    ShuttingDown,
     SpawnFailed,
 )
 from execd.fit import ensure_fits
@@ -179,8 +178,7 @@ class TerminalCapability(CommandCapability):
 
     async def terminal_open(self, params: rpc.OpenParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.open``: start a program on a new terminal."""
-        if self._closed:
-            raise ShuttingDown("the terminal capability is closed")
+        self._check_open()
         running = sum(1 for t in self._terminals.values() if not t.done.is_set())
         if running >= self._limits.max_processes:
             raise ProcessLimit(
