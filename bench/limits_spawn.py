@@ -60,6 +60,9 @@ def _baseline(ref: str) -> ModuleType | None:
     spec = importlib.util.spec_from_file_location("execd._spawn_baseline", f.name)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered first, as importlib's recipe has it: a dataclass in the module
+    # looks its own module up in sys.modules while the class is made.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     os.unlink(f.name)
     return module
