@@ -38,7 +38,19 @@ bound the last ``Limits.output_cap`` bytes -- at least the peer's window with
 the default windows, so at least every byte sent that the client may not
 have consumed (the sender cannot run further ahead of the reader than the
 credit it was granted). An attach that asks for older bytes fails with
-STREAM_ERROR before anything is sent. A per-stream lock orders a live send
+STREAM_ERROR before anything is sent.
+
+Once a call has finished, the client either got its output or lost it with
+the connection, and the server cannot tell which from the answer alone. So
+after answering a call that keeps at least :data:`RECEIPT_MIN` bytes of
+output, the server pings the connection (one ping in flight per connection):
+the peer answers pings in order with its other frames, so its pong proves
+that it received every chunk sent before the ping, and those bytes are let
+go (:meth:`RequestTable.received`); the outcome and the streams' offsets
+stay. Without that, every finished large read would pin its blocks for as
+long as the retention window keeps it (up to ``request_retention_bytes``),
+and each read's blocks would land in fresh memory. Output of a call that is
+still running is kept as above. A per-stream lock orders a live send
 and the replay of an attach, so the attaching call sees the stream's bytes
 exactly once and in order.
 
@@ -94,6 +106,8 @@ log = logging.getLogger("execd.requests")
 EVICTED_MEMORY: Final = 4
 #: Bytes a kept outcome costs beyond its payload (the Request, its id, the table slots).
 ENTRY_OVERHEAD: Final = 512
+#: Kept output of a finished call from which its receipt is proved (a ping) to let it go.
+RECEIPT_MIN: Final = 64 * 1024
 
 #: A finished call's outcome: its encoded result, or its error.
 Outcome = bytes | ExecdError
@@ -129,6 +143,14 @@ class _Output:
             dropped = chunks.popleft()
             self.size -= len(dropped)
             self.base += len(dropped)
+
+    def release(self) -> int:
+        """Drop every kept byte (the client has them); how many there were."""
+        size = self.size
+        self.chunks.clear()
+        self.base += size
+        self.size = 0
+        return size
 
     def since(self, offset: int) -> bytes:
         """The kept bytes from ``offset`` (at least ``base``) on."""
@@ -270,6 +292,10 @@ class RequestTable:
         self._virtual_running: dict[int, int] = {}
         self._virtual_callbacks: dict[int, list[Callback]] = {}
         self._closed_connections: set[int] = set()
+        # Per connection: finished requests answered on it whose kept output waits for
+        # proof of receipt, and those covered by the ping in flight (with its seq).
+        self._unproved: dict[int, list[Request]] = {}
+        self._pinged: dict[int, tuple[int, list[Request]]] = {}
         self.kept_bytes = 0
         self.evictions = 0
         #: Closes a connection by its id (set by the server).
@@ -319,6 +345,9 @@ class RequestTable:
         """
         survivors: list[int] = []
         loop = asyncio.get_running_loop()
+        # No receipt will come: what waited for one stays kept for an attach.
+        self._unproved.pop(connection_id, None)
+        self._pinged.pop(connection_id, None)
         if -connection_id in self._virtual_running:
             self._closed_connections.add(connection_id)
         elif -connection_id in self._virtual_callbacks:
@@ -392,6 +421,7 @@ class RequestTable:
 
     def finish(self, req: Request, outcome: Outcome) -> None:
         """``req`` has its outcome: keep it in the retention window."""
+        answered_on = req.bound_to[0] if req.sink is not None and req.bound_to else None
         req.outcome = outcome
         req.task = None
         req.sink = None
@@ -423,7 +453,46 @@ class RequestTable:
         )
         self._finished[req.rid] = (size, entry)
         self.kept_bytes += size
+        if answered_on is not None:
+            self._await_receipt(req, answered_on)
         self._evict()
+
+    # -- proof of receipt --------------------------------------------------------------
+
+    def _await_receipt(self, req: Request, connection_id: int) -> None:
+        """``req`` is answered on ``connection_id``: let its output go once received there."""
+        if sum(out.size for out in req.streams.values()) >= RECEIPT_MIN:
+            self._unproved.setdefault(connection_id, []).append(req)
+
+    def ping_due(self, connection_id: int) -> bool:
+        """Whether the server should ping ``connection_id`` now (see :meth:`pinged`)."""
+        return connection_id in self._unproved and connection_id not in self._pinged
+
+    def pinged(self, connection_id: int, seq: int) -> None:
+        """The server sent ``ping(seq)`` on ``connection_id``, after every answer so far."""
+        waiting = self._unproved.pop(connection_id, None)
+        if waiting:
+            self._pinged[connection_id] = (seq, waiting)
+
+    def received(self, connection_id: int, seq: int) -> bool:
+        """``pong(seq)`` came on ``connection_id``; True when another ping is due.
+
+        The peer received every frame sent before that ping: the kept output
+        of the requests answered before it goes (their outcomes stay).
+        """
+        pinged = self._pinged.get(connection_id)
+        if pinged is None or pinged[0] != seq:
+            return False  # not ours, or not the latest
+        del self._pinged[connection_id]
+        finished = self._finished
+        for req in pinged[1]:
+            kept = finished.get(req.rid)
+            if kept is None or kept[1] is not req:
+                continue  # evicted meanwhile
+            released = sum(out.release() for out in req.streams.values())
+            finished[req.rid] = (kept[0] - released, req)
+            self.kept_bytes -= released
+        return connection_id in self._unproved
 
     def _evict(self) -> None:
         finished = self._finished
@@ -475,9 +544,10 @@ class RequestTable:
             # The client gave that connection up: close it, and the request moves here.
             self.abort_connection(bound[0])
             self._unbind(req)
-        for name, offset in offsets.items():
-            out = req.streams.get(name)
-            if out is not None and offset < out.base:
+        for name, out in req.streams.items():
+            # A stream the client names no offset for is asked for from its start.
+            offset = offsets.get(name, 0)
+            if offset < out.base:
                 raise StreamError(
                     f"output of stream {name!r} before byte {out.base} is no longer kept",
                     {"stream": name, "offset": offset, "kept_from": out.base},
@@ -498,6 +568,8 @@ class RequestTable:
                 self._unbind(req)
         outcome = req.outcome
         assert outcome is not None
+        if req.rid in self._finished:
+            self._await_receipt(req, ctx.connection_id)
         return _expand(_compact(outcome))
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
