@@ -292,10 +292,11 @@ class RequestTable:
         self._virtual_running: dict[int, int] = {}
         self._virtual_callbacks: dict[int, list[Callback]] = {}
         self._closed_connections: set[int] = set()
-        # Per connection: finished requests answered on it whose kept output waits for
-        # proof of receipt, and those covered by the ping in flight (with its seq).
-        self._unproved: dict[int, list[Request]] = {}
-        self._pinged: dict[int, tuple[int, list[Request]]] = {}
+        # Per connection: the ids of finished requests answered on it whose kept output
+        # waits for proof of receipt, and those the ping in flight covers (with its seq).
+        # Ids, not requests: an evicted request is not held on to by these lists.
+        self._unproved: dict[int, list[bytes]] = {}
+        self._pinged: dict[int, tuple[int, list[bytes]]] = {}
         self.kept_bytes = 0
         self.evictions = 0
         #: Closes a connection by its id (set by the server).
@@ -462,7 +463,11 @@ class RequestTable:
     def _await_receipt(self, req: Request, connection_id: int) -> None:
         """``req`` is answered on ``connection_id``: let its output go once received there."""
         if sum(out.size for out in req.streams.values()) >= RECEIPT_MIN:
-            self._unproved.setdefault(connection_id, []).append(req)
+            waiting = self._unproved.setdefault(connection_id, [])
+            waiting.append(req.rid)
+            if len(waiting) > self.max_count:
+                # A peer that leaves pings unanswered: the oldest wait for eviction instead.
+                del waiting[0]
 
     def ping_due(self, connection_id: int) -> bool:
         """Whether the server should ping ``connection_id`` now (see :meth:`pinged`)."""
@@ -485,12 +490,14 @@ class RequestTable:
             return False  # not ours, or not the latest
         del self._pinged[connection_id]
         finished = self._finished
-        for req in pinged[1]:
-            kept = finished.get(req.rid)
-            if kept is None or kept[1] is not req:
+        for rid in pinged[1]:
+            kept = finished.get(rid)
+            if kept is None or not isinstance(req := kept[1], Request):
                 continue  # evicted meanwhile
+            if any(out.lock.locked() for out in req.streams.values()):
+                continue  # an attach replays it; that attach's own receipt lets it go
             released = sum(out.release() for out in req.streams.values())
-            finished[req.rid] = (kept[0] - released, req)
+            finished[rid] = (kept[0] - released, req)
             self.kept_bytes -= released
         return connection_id in self._unproved
 
