@@ -82,7 +82,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -104,17 +104,24 @@ log = logging.getLogger("execd.requests")
 
 #: Evicted ids remembered per id of the retention count.
 EVICTED_MEMORY: Final = 4
-#: Bytes a kept outcome costs beyond its payload (the Request, its id, the table slots).
+#: Bytes a kept outcome costs beyond its payload (its tuples, its id, the table slots).
 ENTRY_OVERHEAD: Final = 512
 #: Kept output of a finished call from which its receipt is proved (a ping) to let it go.
 RECEIPT_MIN: Final = 64 * 1024
 
 #: A finished call's outcome: its encoded result, or its error.
 Outcome = bytes | ExecdError
-#: An outcome kept compactly, for a call without output to replay: the encoded result
-#: (None for an error), the error's code, message and encoded data. A tuple of bytes,
-#: ints and strings, which the garbage collector stops tracking.
+#: An outcome kept compactly: the encoded result (None for an error), the error's code,
+#: message and encoded data.
 Kept = tuple[bytes | None, int, str, bytes]
+#: One output stream of a finished call as kept: its name, the offset of its first kept
+#: byte, the kept chunks, and whether it had ended.
+KeptStream = tuple[str, int, tuple[bytes, ...], bool]
+#: A finished call as the retention window keeps it: its outcome and its kept output, by
+#: stream name. Tuples of bytes, ints and strings, which the garbage collector stops
+#: tracking (the Request, its locks and buffers go), and which never change: letting
+#: output go replaces the entry, so an attach replaying it keeps what it took.
+Finished = tuple[Kept, tuple[KeptStream, ...]]
 Callback = Callable[[], Awaitable[None] | None]
 
 
@@ -144,18 +151,9 @@ class _Output:
             self.size -= len(dropped)
             self.base += len(dropped)
 
-    def release(self) -> int:
-        """Drop every kept byte (the client has them); how many there were."""
-        size = self.size
-        self.chunks.clear()
-        self.base += size
-        self.size = 0
-        return size
-
     def since(self, offset: int) -> bytes:
         """The kept bytes from ``offset`` (at least ``base``) on."""
-        data = b"".join(self.chunks)
-        return data[max(0, offset - self.base) :]
+        return _tail(self.chunks, self.base, offset)
 
 
 class Request:
@@ -280,7 +278,7 @@ class RequestTable:
         self.detached_cap = 2 * limits.output_cap
         self._running: dict[bytes, Request] = {}
         # rid -> (bytes it costs, the request or its compact outcome)
-        self._finished: collections.OrderedDict[bytes, tuple[int, Request | Kept]] = (
+        self._finished: collections.OrderedDict[bytes, tuple[int, Finished]] = (
             collections.OrderedDict()
         )
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -393,7 +391,7 @@ class RequestTable:
 
     # -- running a tracked call --------------------------------------------------------
 
-    def _lookup(self, rid: bytes) -> Request | Kept | None:
+    def _lookup(self, rid: bytes) -> Request | Finished | None:
         req = self._running.get(rid)
         if req is not None:
             return req
@@ -405,7 +403,7 @@ class RequestTable:
         found = self._lookup(rid)
         if found is None:
             raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
-        return await self._attach(found, ctx, {})
+        return await self._attach(rid, found, ctx, {})
 
     def started(self, req: Request, ctx: CallContext) -> Request:
         """The original call of ``req`` starts with ``ctx``; the context its handler gets."""
@@ -442,29 +440,30 @@ class RequestTable:
             del self._virtual_running[virtual]
             if -virtual in self._closed_connections:
                 self._virtual_closed(virtual)
-        entry: Request | Kept
-        if req.streams:
-            entry = req
-            size = sum(out.size for out in req.streams.values())
-        else:
-            entry = _compact(outcome)
-            size = 0
-        size += ENTRY_OVERHEAD + (
-            len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome)
+        streams = tuple(
+            (name, out.base, tuple(out.chunks), out.ended)
+            for name, out in sorted(req.streams.items())
         )
-        self._finished[req.rid] = (size, entry)
+        output = sum(out.size for out in req.streams.values())
+        size = (
+            output
+            + ENTRY_OVERHEAD
+            + (len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome))
+        )
+        self._finished[req.rid] = (size, (_compact(outcome), streams))
         self.kept_bytes += size
         if answered_on is not None:
-            self._await_receipt(req, answered_on)
+            self._await_receipt(req.rid, output, answered_on)
         self._evict()
 
     # -- proof of receipt --------------------------------------------------------------
 
-    def _await_receipt(self, req: Request, connection_id: int) -> None:
-        """``req`` is answered on ``connection_id``: let its output go once received there."""
-        if sum(out.size for out in req.streams.values()) >= RECEIPT_MIN:
+    def _await_receipt(self, rid: bytes, output: int, connection_id: int) -> None:
+        """Request ``rid`` (``output`` bytes kept) is answered on ``connection_id``: let its
+        output go once received there."""
+        if output >= RECEIPT_MIN:
             waiting = self._unproved.setdefault(connection_id, [])
-            waiting.append(req.rid)
+            waiting.append(rid)
             if len(waiting) > self.max_count:
                 # A peer that leaves pings unanswered: the oldest wait for eviction instead.
                 del waiting[0]
@@ -492,12 +491,15 @@ class RequestTable:
         finished = self._finished
         for rid in pinged[1]:
             kept = finished.get(rid)
-            if kept is None or not isinstance(req := kept[1], Request):
+            if kept is None:
                 continue  # evicted meanwhile
-            if any(out.lock.locked() for out in req.streams.values()):
-                continue  # an attach replays it; that attach's own receipt lets it go
-            released = sum(out.release() for out in req.streams.values())
-            finished[rid] = (kept[0] - released, req)
+            size, (outcome, streams) = kept
+            released = _output_size(streams)
+            left = tuple(
+                (name, base + sum(map(len, chunks)), (), ended)
+                for name, base, chunks, ended in streams
+            )
+            finished[rid] = (size - released, (outcome, left))
             self.kept_bytes -= released
         return connection_id in self._unproved
 
@@ -532,13 +534,20 @@ class RequestTable:
             reason: api.NotKnownReason = "evicted" if params.rid in self._evicted else "unknown"
             seen = params.sent_on is not None and params.sent_on in self._nonces
             raise self._not_known(params.rid, reason, seen=seen and reason == "unknown")
-        return await self._attach(found, ctx, params.offsets)
+        return await self._attach(params.rid, found, ctx, params.offsets)
 
     async def _attach(
-        self, found: Request | Kept, ctx: CallContext, offsets: dict[str, int]
+        self, rid: bytes, found: Request | Finished, ctx: CallContext, offsets: dict[str, int]
     ) -> msgspec.Raw:
         if isinstance(found, tuple):
-            return _expand(found)  # nothing to replay
+            kept, streams = found
+            _check_offsets([(name, base) for name, base, _, _ in streams], offsets)
+            for name, base, chunks, ended in streams:
+                data = _tail(chunks, base, offsets.get(name, 0))
+                if data or ended:
+                    await ctx.send(name, data, end=ended)
+            self._await_receipt(rid, _output_size(streams), ctx.connection_id)
+            return _expand(kept)
         req = found
         bound = req.bound_to
         if bound is not None:
@@ -551,14 +560,7 @@ class RequestTable:
             # The client gave that connection up: close it, and the request moves here.
             self.abort_connection(bound[0])
             self._unbind(req)
-        for name, out in req.streams.items():
-            # A stream the client names no offset for is asked for from its start.
-            offset = offsets.get(name, 0)
-            if offset < out.base:
-                raise StreamError(
-                    f"output of stream {name!r} before byte {out.base} is no longer kept",
-                    {"stream": name, "offset": offset, "kept_from": out.base},
-                )
+        _check_offsets([(name, out.base) for name, out in req.streams.items()], offsets)
         try:
             await self._replay(req, ctx, offsets)
             if req.outcome is None:
@@ -573,11 +575,8 @@ class RequestTable:
         finally:
             if req.sink is ctx:
                 self._unbind(req)
-        outcome = req.outcome
-        assert outcome is not None
-        if req.rid in self._finished:
-            self._await_receipt(req, ctx.connection_id)
-        return _expand(_compact(outcome))
+        assert req.outcome is not None
+        return _expand(_compact(req.outcome))
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
@@ -630,6 +629,30 @@ class RequestTable:
         task = asyncio.get_running_loop().create_task(runner())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _tail(chunks: Iterable[bytes], base: int, offset: int) -> bytes:
+    """Of the kept ``chunks`` (from byte ``base`` of a stream), the bytes from ``offset`` on."""
+    data = b"".join(chunks)
+    return data[max(0, offset - base) :]
+
+
+def _output_size(streams: tuple[KeptStream, ...]) -> int:
+    return sum(len(chunk) for _, _, chunks, _ in streams for chunk in chunks)
+
+
+def _check_offsets(bases: list[tuple[str, int]], offsets: dict[str, int]) -> None:
+    """STREAM_ERROR when the client asks for a stream's bytes from before its first kept byte.
+
+    A stream the client names no offset for is asked for from its start.
+    """
+    for name, base in bases:
+        offset = offsets.get(name, 0)
+        if offset < base:
+            raise StreamError(
+                f"output of stream {name!r} before byte {base} is no longer kept",
+                {"stream": name, "offset": offset, "kept_from": base},
+            )
 
 
 def _compact(outcome: Outcome) -> Kept:
