@@ -33,9 +33,9 @@ import time
 from collections.abc import Sequence
 
 from bench.env import Env
-from bench.report import Row, Target
+from bench.report import Row, SectionRows, Target
 from bench.settings import HOST
-from bench.stats import summarize
+from bench.stats import Summary, summarize
 from harnessd.agent import AgentLimits, AgentSession
 from harnessd.api import ExecdClient, connect
 from harnessd.ledger_sync import LedgerSync, LocalLedger
@@ -141,41 +141,30 @@ async def run(env: Env) -> list[Row]:
         await client.close()
     hot, base = summarize(bare), summarize(synced)
     call, turn = summarize(loop_calls), summarize(loop_turns)
-    hot_row = Row(
-        key="loop.bare_hot",
-        section=SECTION,
+    ms = SectionRows(SECTION, "ms")
+    hot_row = ms.row(
+        "loop.bare_hot",
+        "client.read_file of 4 KiB, as the tool calls it, back to back",
+        hot,
         short="bare call, back to back",
-        label="client.read_file of 4 KiB, as the tool calls it, back to back",
-        unit="ms",
-        **hot.figures(),
     )
-    bare_row = Row(
-        key="loop.bare",
-        section=SECTION,
+    bare_row = ms.row(
+        "loop.bare",
+        "the same bare call, each right after a ledger sync (as inside the loop)",
+        base,
         short="bare call",
-        label="the same bare call, each right after a ledger sync (as inside the loop)",
-        unit="ms",
-        **base.figures(),
     )
-    call_row = Row(
-        key="loop.call",
-        section=SECTION,
-        label="the read_file tool call inside the agent loop",
-        unit="ms",
-        **call.figures(),
-        baselines=("loop.bare",),
-        extra={"added_ms": call.p50 - base.p50},
-    )
+
+    def over_bare(key: str, label: str, summary: Summary) -> Row:
+        """A row measured against the bare call: its p50 ratio and the ms the loop adds."""
+        extra = {"added_ms": summary.p50 - base.p50}
+        return ms.row(key, label, summary, baselines=("loop.bare",), extra=extra)
+
+    call_row = over_bare("loop.call", "the read_file tool call inside the agent loop", call)
     call_row.target = Target(
         f"p50 <= bare call + {LOOP_TARGET_MS:g} ms", call.p50 - base.p50, LOOP_TARGET_MS
     )
-    turn_row = Row(
-        key="loop.turn",
-        section=SECTION,
-        label="one turn of the loop with that call (ledger sync included)",
-        unit="ms",
-        **turn.figures(),
-        baselines=("loop.bare",),
-        extra={"added_ms": turn.p50 - base.p50},
+    turn_row = over_bare(
+        "loop.turn", "one turn of the loop with that call (ledger sync included)", turn
     )
     return [hot_row, bare_row, call_row, turn_row]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import resource
 import secrets
@@ -42,7 +41,7 @@ from typing import Any, Final
 
 import uvloop
 
-from bench.report import Row
+from bench.report import Row, finish
 from bench.settings import default_tmp
 from bench.stats import percentile
 from harnessd.agent import AgentResult, AgentSession
@@ -356,11 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         report = runner.run(run_agents(config, args.tmp))
-    if args.json:
-        print(json.dumps(report.summary()))
-    else:
-        print_report(report)
-    return 0 if report.ok else 1
+    return finish(report, args.json, print_report)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, cast
 
 DEFAULT_MAX_QUEUED: Final = 64 * 1024 * 1024
@@ -128,22 +129,17 @@ class _Side(asyncio.Protocol):
             self.transport.close()
 
 
+@dataclass(eq=False)
 class DelayProxy:
     """Listens on ``host``, forwards to ``target``, delaying each direction by ``delay``."""
 
-    def __init__(
-        self,
-        target: tuple[str, int],
-        delay: float,
-        *,
-        max_queued: int = DEFAULT_MAX_QUEUED,
-    ) -> None:
-        self.target = target
-        self.delay = delay
-        self.max_queued = max_queued
-        self._server: asyncio.Server | None = None
-        self._sides: set[_Side] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+    target: tuple[str, int]
+    delay: float
+    _: KW_ONLY
+    max_queued: int = DEFAULT_MAX_QUEUED
+    _server: asyncio.Server | None = field(default=None, init=False, repr=False)
+    _sides: set[_Side] = field(default_factory=set, init=False, repr=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start listening; return the port."""

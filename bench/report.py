@@ -15,9 +15,12 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+from bench.stats import Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,59 @@ class Row:
     def is_rate(self) -> bool:
         """True for throughputs (higher is better)."""
         return self.unit.endswith("/s")
+
+
+class Verdict(Protocol):
+    """A stand-alone run's report: whether it passed, and its figures as JSON values."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def summary(self) -> Mapping[str, object]: ...
+
+
+V = TypeVar("V", bound=Verdict)
+
+
+def finish(report: V, as_json: bool, show: Callable[[V], None]) -> int:
+    """Print ``report`` as one JSON line or through ``show``; the exit status: 0 when ok."""
+    if as_json:
+        print(json.dumps(report.summary()))
+    else:
+        show(report)
+    return 0 if report.ok else 1
+
+
+@dataclass(frozen=True, slots=True)
+class SectionRows:
+    """Builds the rows of one report section: its title and unit are said once."""
+
+    section: str
+    unit: str
+
+    def row(
+        self,
+        key: str,
+        label: str,
+        summary: Summary,
+        *,
+        short: str = "",
+        baselines: tuple[str, ...] = (),
+        note: str = "",
+        extra: dict[str, float] | None = None,
+    ) -> Row:
+        """The row of ``summary`` (its p50, p99 and count) under ``key``."""
+        return Row(
+            key=key,
+            section=self.section,
+            label=label,
+            unit=self.unit,
+            **summary.figures(),
+            baselines=baselines,
+            short=short,
+            note=note,
+            extra=extra or {},
+        )
 
 
 def link_ratios(rows: list[Row]) -> None:

@@ -26,7 +26,7 @@ import time
 from bench import ledger_append
 from bench.env import Env
 from bench.execd_proc import read_status_kib, sampling_rss, start_execd
-from bench.report import Row, Target
+from bench.report import Row, SectionRows, Target
 from bench.retention import retention_row
 from bench.settings import size_label
 from bench.stats import summarize
@@ -54,13 +54,11 @@ async def ledger_rows(env: Env) -> list[Row]:
     ):
         summary = summarize(samples)
         rows.append(
-            Row(
-                key=f"ledger.{('small', 'medium', 'large')[index]}",
-                section=LEDGER,
-                label=f"append at ledger size {size_label(nominal)}",
+            SectionRows(LEDGER, "us").row(
+                f"ledger.{('small', 'medium', 'large')[index]}",
+                f"append at ledger size {size_label(nominal)}",
+                summary,
                 short=size_label(nominal),
-                unit="us",
-                **summary.figures(),
                 baselines=() if index == 0 else ("ledger.small",),
                 extra={"ledger_bytes": float(size), "entries": float(entries)},
             )
@@ -129,30 +127,21 @@ async def memory_rows(env: Env) -> list[Row]:
     floor = summarize(floor_samples)
     idle_summary = summarize(idle)
     stream_summary = summarize(streaming)
-    base = Row(
-        key="memory.floor",
-        section=MEMORY,
+    mib = SectionRows(MEMORY, "MiB")
+    base = mib.row(
+        "memory.floor",
+        "raw floor server (bare uvloop process), RSS",
+        floor,
         short="bare uvloop process",
-        label="raw floor server (bare uvloop process), RSS",
-        unit="MiB",
-        **floor.figures(),
     )
-    idle_row = Row(
-        key="memory.idle",
-        section=MEMORY,
-        short="idle",
-        label="execd idle RSS",
-        unit="MiB",
-        **idle_summary.figures(),
-        baselines=("memory.floor",),
+    idle_row = mib.row(
+        "memory.idle", "execd idle RSS", idle_summary, short="idle", baselines=("memory.floor",)
     )
     idle_row.target = Target(f"< {IDLE_TARGET_MIB:g} MiB", idle_summary.p99, IDLE_TARGET_MIB)
-    stream_row = Row(
-        key="memory.stream",
-        section=MEMORY,
-        label=f"execd RSS while streaming {settings.stream_label} of output",
-        unit="MiB",
-        **stream_summary.figures(),
+    stream_row = mib.row(
+        "memory.stream",
+        f"execd RSS while streaming {settings.stream_label} of output",
+        stream_summary,
         baselines=("memory.idle",),
         note=f"peak VmHWM {peak:.1f} MiB, {settings.stream_bytes / seconds / 1e6:.0f} MB/s",
         extra={"vmhwm_mib": peak, "stream_mb_per_s": settings.stream_bytes / seconds / 1e6},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB
@@ -45,52 +45,42 @@ class Settings:
         return size_label(self.stream_bytes)
 
 
+RUNS: Final[dict[str, tuple[Any, Any]]] = {
+    # field of Settings: (the full run, the quick run)
+    "noop_samples": (6000, 300),
+    "noop_samples_slow": (1500, 100),
+    "noop_rounds": (12, 3),
+    "pipelined_calls": (20000, 1000),
+    "pipelined_reps": (5, 2),
+    "spawn_samples": (600, 20),
+    "file_sizes": ((4 * KIB, MIB, 256 * MIB), (4 * KIB, MIB, 16 * MIB)),
+    "file_samples": ((600, 60, 5), (20, 5, 2)),
+    "watch_samples": (400, 20),
+    "cold_starts": (15, 2),
+    "ledger_sizes": ((MIB, 64 * MIB, GIB), (MIB, 2 * MIB, 4 * MIB)),
+    "ledger_samples": (300, 20),
+    "idle_samples": (20, 3),
+    "stream_bytes": (GIB, 16 * MIB),
+    "turns": (30, 3),
+    "sequential_turns": (10, 2),
+}
+"""Each count and size of the full run (a few minutes on 2 cores) beside the quick one's
+(every row, small counts and sizes, seconds)."""
+
+
 def full(tmp_dir: str | None = None) -> Settings:
     """The full run: a few minutes on 2 cores."""
-    return Settings(
-        quick=False,
-        noop_samples=6000,
-        noop_samples_slow=1500,
-        noop_rounds=12,
-        pipelined_calls=20000,
-        pipelined_reps=5,
-        spawn_samples=600,
-        file_sizes=(4 * KIB, MIB, 256 * MIB),
-        file_samples=(600, 60, 5),
-        watch_samples=400,
-        cold_starts=15,
-        ledger_sizes=(MIB, 64 * MIB, GIB),
-        ledger_samples=300,
-        idle_samples=20,
-        stream_bytes=GIB,
-        turns=30,
-        sequential_turns=10,
-        tmp_dir=tmp_dir or default_tmp(),
-    )
+    return _run(False, tmp_dir)
 
 
 def quick(tmp_dir: str | None = None) -> Settings:
     """The quick run: every row, small counts and sizes, seconds."""
-    return Settings(
-        quick=True,
-        noop_samples=300,
-        noop_samples_slow=100,
-        noop_rounds=3,
-        pipelined_calls=1000,
-        pipelined_reps=2,
-        spawn_samples=20,
-        file_sizes=(4 * KIB, MIB, 16 * MIB),
-        file_samples=(20, 5, 2),
-        watch_samples=20,
-        cold_starts=2,
-        ledger_sizes=(MIB, 2 * MIB, 4 * MIB),
-        ledger_samples=20,
-        idle_samples=3,
-        stream_bytes=16 * MIB,
-        turns=3,
-        sequential_turns=2,
-        tmp_dir=tmp_dir or default_tmp(),
-    )
+    return _run(True, tmp_dir)
+
+
+def _run(is_quick: bool, tmp_dir: str | None) -> Settings:
+    values = {name: pair[is_quick] for name, pair in RUNS.items()}
+    return Settings(quick=is_quick, tmp_dir=tmp_dir or default_tmp(), **values)
 
 
 def default_tmp() -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import secrets
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import harnessd
 from bench.execd_proc import ExecdProcess, start_execd
+from bench.report import finish
 from execd.marker import cleanup, find_marked
 from harnessd.api import ExecdClient
 from protocol.ledger_chain import GENESIS_HASH
@@ -421,11 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     report = run_soak(config, args.dir)
-    if args.json:
-        print(json.dumps(report.summary()))
-    else:
-        print_report(report)
-    return 0 if report.ok else 1
+    return finish(report, args.json, print_report)
 
 
 if __name__ == "__main__":

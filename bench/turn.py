@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bench.env import Env
-from bench.report import Row, Target
+from bench.report import Row, SectionRows, Target
 from bench.servers import start_server
 from bench.settings import HOST, LAN_DELAY, TURN_CALLS
 from bench.stats import summarize
@@ -79,29 +79,24 @@ async def run(env: Env) -> list[Row]:
     gathered = summarize(together)
     serial = summarize(apart)
     nominal = 2 * LAN_DELAY * 1000
-    base = Row(
-        key="turn.round_trip",
-        section=SECTION,
+    ms = SectionRows(SECTION, "ms")
+    base = ms.row(
+        "turn.round_trip",
+        "one server.noop through the proxy (one round trip)",
+        one,
         short="one round trip",
-        label="one server.noop through the proxy (one round trip)",
-        unit="ms",
-        **one.figures(),
     )
-    sequential_row = Row(
-        key="turn.sequential",
-        section=SECTION,
+    sequential_row = ms.row(
+        "turn.sequential",
+        f"{TURN_CALLS} tool calls one after another",
+        serial,
         short="sequential",
-        label=f"{TURN_CALLS} tool calls one after another",
-        unit="ms",
-        **serial.figures(),
         baselines=("turn.round_trip",),
     )
-    concurrent_row = Row(
-        key="turn.concurrent",
-        section=SECTION,
-        label=f"{TURN_CALLS} tool calls concurrently (asyncio.gather)",
-        unit="ms",
-        **gathered.figures(),
+    concurrent_row = ms.row(
+        "turn.concurrent",
+        f"{TURN_CALLS} tool calls concurrently (asyncio.gather)",
+        gathered,
         baselines=("turn.round_trip", "turn.sequential"),
         extra={"round_trips_of_delay": gathered.p50 / nominal},
     )

@@ -27,7 +27,7 @@ import time
 from bench import watch_latency
 from bench.env import Env
 from bench.execd_proc import start_execd, time_interpreter_start
-from bench.report import Row, Target
+from bench.report import Row, SectionRows, Target
 from bench.stats import Call, interleaved, summarize
 
 SPAWN = "3. A command through the shell RPC"
@@ -71,13 +71,12 @@ async def spawn_rows(env: Env) -> list[Row]:
     finally:
         await client.close()
     local_summary = summarize([s / 1000 for s in samples["local"]])
-    floor = Row(
-        key="spawn.local",
-        section=SPAWN,
+    ms = SectionRows(SPAWN, "ms")
+    floor = ms.row(
+        "spawn.local",
+        "subprocess.run(['true']) in the client process",
+        local_summary,
         short="local spawn",
-        label="subprocess.run(['true']) in the client process",
-        unit="ms",
-        **local_summary.figures(),
     )
     rows = [floor]
     labels = {
@@ -87,12 +86,10 @@ async def spawn_rows(env: Env) -> list[Row]:
     for key, label in labels.items():
         remote_summary = summarize([s / 1000 for s in samples[key]])
         difference = remote_summary.p50 - local_summary.p50
-        row = Row(
-            key=f"spawn.{key}",
-            section=SPAWN,
-            label=label,
-            unit="ms",
-            **remote_summary.figures(),
+        row = ms.row(
+            f"spawn.{key}",
+            label,
+            remote_summary,
             baselines=("spawn.local",),
             extra={"p50_difference_ms": difference},
         )
@@ -138,12 +135,10 @@ async def watch_rows(env: Env) -> list[Row]:
         p99=baseline["p99_ms"],
         n=count,
     )
-    row = Row(
-        key="watch.execd",
-        section=WATCH,
-        label="watch latency: write in the workspace to event at the client",
-        unit="ms",
-        **wire.figures(),
+    row = SectionRows(WATCH, "ms").row(
+        "watch.execd",
+        "watch latency: write in the workspace to event at the client",
+        wire,
         baselines=("watch.handler",),
     )
     row.target = Target(f"p50 < {WATCH_TARGET_MS:g} ms", wire.p50, WATCH_TARGET_MS)
@@ -177,29 +172,21 @@ async def cold_start_rows(env: Env) -> list[Row]:
         await asyncio.sleep(0.05)
     bare_summary, execd_summary = summarize(bare), summarize(execd)
     loaded_summary = summarize(loaded)
-    floor = Row(
-        key="start.python",
-        section=WATCH,
-        short="bare python",
-        label="python -c print: spawn to first line",
-        unit="ms",
-        **bare_summary.figures(),
+    ms = SectionRows(WATCH, "ms")
+    floor = ms.row(
+        "start.python", "python -c print: spawn to first line", bare_summary, short="bare python"
     )
-    imports = Row(
-        key="start.imports",
-        section=WATCH,
-        label=f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
+    imports = ms.row(
+        "start.imports",
+        f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
+        loaded_summary,
         short="python + event loop imports",
-        unit="ms",
-        **loaded_summary.figures(),
         baselines=("start.python",),
     )
-    row = Row(
-        key="start.execd",
-        section=WATCH,
-        label="execd cold start: spawn to the listening line",
-        unit="ms",
-        **execd_summary.figures(),
+    row = ms.row(
+        "start.execd",
+        "execd cold start: spawn to the listening line",
+        execd_summary,
         baselines=("start.python", "start.imports"),
     )
     row.target = Target(

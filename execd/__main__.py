@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import math
 import os
 import sys
-from typing import NoReturn
+from typing import Final, NoReturn
 
 import msgspec
 
@@ -26,11 +25,38 @@ from execd.app import Execd, StartupError, announce
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
 from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 from protocol.rpc.resources import Limits as CommandLimits
+from protocol.values import bind_port, positive_seconds
 
 TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4
 _DEFAULTS = Limits()
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_DAEMON_LIMITS: Final = (
+    # (option, field of Limits it sets and takes its type and default from, help)
+    ("--max-connections", "max_connections", None),
+    ("--max-unauthenticated", "max_unauthenticated", None),
+    ("--handshake-timeout", "handshake_timeout", None),
+    ("--max-inflight", "max_inflight_calls", None),
+    ("--max-processes", "max_processes", None),
+    ("--max-frame", "max_frame", None),
+    ("--output-cap", "output_cap", None),
+    (
+        "--request-grace",
+        "request_grace",
+        "seconds a call with a request id keeps running after its connection is lost",
+    ),
+    (
+        "--request-retention",
+        "request_retention",
+        "finished calls whose outcome is kept for a reattach (oldest evicted first)",
+    ),
+    (
+        "--request-retention-bytes",
+        "request_retention_bytes",
+        "bytes of kept outcomes (results and unread output) over all finished calls",
+    ),
+)
+"""execd's own bounds on the command line, in the order ``--help`` lists them."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,23 +64,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise StartupError(f"{message} (see {self.prog} --help)", 2)
-
-
-def _port(text: str) -> int:
-    value = int(text) if text.isascii() and text.isdigit() else -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535; 0: any)")
-    return value
-
-
-def _lease(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def _log_level(text: str) -> str:
@@ -76,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=_port, default=0, help="port to bind (default 0: the kernel picks)"
+        "--port", type=bind_port, default=0, help="port to bind (default 0: the kernel picks)"
     )
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument(
@@ -88,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--lease",
-        type=_lease,
+        type=positive_seconds,
         help="clean up by marker and exit once no authenticated client has sent a frame for "
         "this many seconds (default: no lease)",
     )
@@ -97,36 +106,21 @@ def _parser() -> argparse.ArgumentParser:
         help="where the ledger lives (default $XDG_STATE_HOME/execd or ~/.local/state/execd; "
         "when that cannot be created, a private directory under the temporary directory)",
     )
-    parser.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections)
-    parser.add_argument("--max-unauthenticated", type=int, default=_DEFAULTS.max_unauthenticated)
-    parser.add_argument("--handshake-timeout", type=float, default=_DEFAULTS.handshake_timeout)
-    parser.add_argument("--max-inflight", type=int, default=_DEFAULTS.max_inflight_calls)
-    parser.add_argument("--max-processes", type=int, default=_DEFAULTS.max_processes)
-    parser.add_argument("--max-frame", type=int, default=_DEFAULTS.max_frame)
-    parser.add_argument("--output-cap", type=int, default=_DEFAULTS.output_cap)
+    for option, field, text in _DAEMON_LIMITS:
+        default = getattr(_DEFAULTS, field)
+        parser.add_argument(
+            option,
+            dest=field,
+            metavar=option[2:].upper().replace("-", "_"),
+            type=type(default),
+            default=default,
+            help=text,
+        )
     limit = parser.add_argument_group(
         "command limits", "defaults for every command; a call may lower them, never raise them"
     )
     for name, kind, unit in LIMIT_OPTIONS:
         limit.add_argument(option_name(name), type=kind, metavar=unit)
-    parser.add_argument(
-        "--request-grace",
-        type=float,
-        default=_DEFAULTS.request_grace,
-        help="seconds a call with a request id keeps running after its connection is lost",
-    )
-    parser.add_argument(
-        "--request-retention",
-        type=int,
-        default=_DEFAULTS.request_retention,
-        help="finished calls whose outcome is kept for a reattach (oldest evicted first)",
-    )
-    parser.add_argument(
-        "--request-retention-bytes",
-        type=int,
-        default=_DEFAULTS.request_retention_bytes,
-        help="bytes of kept outcomes (results and unread output) over all finished calls",
-    )
     parser.add_argument(
         "--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}"
     )
@@ -171,16 +165,7 @@ def _config(args: argparse.Namespace) -> Config:
     else:
         state_dir, fallback = default_state_dir()
     limits = Limits(
-        max_connections=args.max_connections,
-        max_unauthenticated=args.max_unauthenticated,
-        handshake_timeout=args.handshake_timeout,
-        max_inflight_calls=args.max_inflight,
-        max_processes=args.max_processes,
-        max_frame=args.max_frame,
-        output_cap=args.output_cap,
-        request_grace=args.request_grace,
-        request_retention=args.request_retention,
-        request_retention_bytes=args.request_retention_bytes,
+        **{field: getattr(args, field) for _, field, _ in _DAEMON_LIMITS},
         command_limits=_command_limits(args),
     )
     return Config(

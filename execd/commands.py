@@ -31,11 +31,13 @@ import os
 import shlex
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from execd.config import Config
+from execd.context import Method, bind
 from execd.errors import InvalidParams
 from execd.limits import ResourceControl
+from protocol.rpc import Rpc
 from protocol.rpc.shell import MAX_TITLE
 
 log = logging.getLogger(__name__)
@@ -199,6 +201,13 @@ class CommandCapability:
         self._base_env = dict(base_env)
         self._background = BackgroundTasks(name)
         self._closed = False
+
+    rpcs: ClassVar[tuple[Rpc[Any, Any], ...]] = ()
+    """The methods this capability serves, each by the handler named after it."""
+
+    def methods(self) -> list[Method]:
+        """The dispatch table entries of this capability."""
+        return bind(self, self.rpcs)
 
 
 async def wait_done(done: asyncio.Event, timeout: float | None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import os
 import struct
@@ -183,14 +184,10 @@ class _Libc:
         self.rm_watch.restype = ctypes.c_int
 
 
-_libc: _Libc | None = None
-
-
+@functools.cache
 def _lib() -> _Libc:
-    global _libc
-    if _libc is None:
-        _libc = _Libc()
-    return _libc
+    """libc's inotify functions, looked up on first use."""
+    return _Libc()
 
 
 def _fail(path: str | None = None) -> OSError:

@@ -28,6 +28,7 @@ import os
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 from execd.config import Config
@@ -107,15 +108,13 @@ class _Slot:
         self.users = 0
 
 
+@dataclass(slots=True, eq=False)
 class ReadOutcome:
     """What :meth:`LedgerStore.read` streamed."""
 
-    __slots__ = ("count", "head", "last_seq")
-
-    def __init__(self, last_seq: int, count: int, head: Head) -> None:
-        self.last_seq = last_seq
-        self.count = count
-        self.head = head
+    last_seq: int
+    count: int
+    head: Head
 
 
 class LedgerStore:

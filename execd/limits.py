@@ -27,6 +27,7 @@ import os
 import resource
 import shlex
 import signal
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from execd.cgroups import Cgroups, CommandCgroup
@@ -71,26 +72,25 @@ _RLIMITS = {
 }
 
 
+@dataclass(eq=False, repr=False)
 class Plan:
     """How one command's limits are applied, and what became of them."""
 
-    def __init__(
-        self,
-        limits: Limits,
-        mechanisms: dict[LimitName, Mechanism],
-        rlimits: list[tuple[str, int, int]],
-        cgroup: CommandCgroup | None,
-        cgroups: Cgroups,
-    ) -> None:
-        self.limits = limits
-        self.mechanisms = mechanisms
-        self.rlimits = rlimits
-        self.cgroup = cgroup
-        self._cgroups = cgroups
-        self.exceeded: LimitName | None = None
+    limits: Limits
+    mechanisms: dict[LimitName, Mechanism]
+    rlimits: list[tuple[str, int, int]]
+    cgroup: CommandCgroup | None
+    _cgroups: Cgroups
+    exceeded: LimitName | None = field(default=None, init=False)
+    _cpu_watch: CpuWatch | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        cpu = self.limits.cpu
         self._cpu_watch = (
-            CpuWatch(cgroup, limits.cpu)
-            if cgroup is not None and limits.cpu is not None and mechanisms.get("cpu") != "rlimit"
+            CpuWatch(self.cgroup, cpu)
+            if self.cgroup is not None
+            and cpu is not None
+            and self.mechanisms.get("cpu") != "rlimit"
             else None
         )
 

@@ -77,7 +77,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from execd.commands import check_variables
@@ -403,17 +403,10 @@ def _pidfd_open(pid: int) -> int | None:
         return None
 
 
-def _pidfd_signal(fd: int, sig: int) -> bool:
+def _sent(send: Callable[[int, int], None], target: int, sig: int) -> bool:
+    """``send(target, sig)`` (``os.kill`` by pid or ``pidfd_send_signal``); False if refused."""
     try:
-        signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        return False
-    return True
-
-
-def _kill(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
+        send(target, sig)
     except OSError:
         return False
     return True
@@ -462,22 +455,22 @@ def _kill_round(pids: list[int], entry: bytes, uid: int, death_wait: float) -> s
             try:
                 fd = _pidfd_open(pid)
             except _PidfdUnavailable:
-                if _carries(pid, entry, uid) and _kill(pid, signal.SIGSTOP):
+                if _carries(pid, entry, uid) and _sent(os.kill, pid, signal.SIGSTOP):
                     legacy.append(pid)
                 continue
             except OSError:
                 break
             if fd is None:
                 continue
-            if _carries(pid, entry, uid) and _pidfd_signal(fd, signal.SIGSTOP):
+            if _carries(pid, entry, uid) and _sent(signal.pidfd_send_signal, fd, signal.SIGSTOP):
                 held.append((pid, fd))
             else:
                 os.close(fd)
         for pid, fd in held:
-            if _pidfd_signal(fd, signal.SIGKILL):
+            if _sent(signal.pidfd_send_signal, fd, signal.SIGKILL):
                 killed.add(pid)
         for pid in legacy:
-            if _carries(pid, entry, uid) and _kill(pid, signal.SIGKILL):
+            if _carries(pid, entry, uid) and _sent(os.kill, pid, signal.SIGKILL):
                 killed.add(pid)
         _wait_exited([fd for _, fd in held], death_wait)
         if legacy:

@@ -83,10 +83,12 @@ import collections
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
+from execd.commands import BackgroundTasks
 from execd.config import Limits
 from execd.context import CallContext, ConnectionLost, Method, bind
 from execd.errors import (
@@ -156,61 +158,37 @@ class _Output:
         return _tail(self.chunks, self.base, offset)
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Request:
-    """One call known by its request id, running or finished: the one record the table keeps.
+    """One call known by its request id while it runs (finished, it is kept as :data:`Finished`).
 
     It is also the :class:`~execd.context.CallContext` its handler runs with:
     output goes through it into the request's own buffers (and on to the call
     bound to it), so it survives the connection the call came on.
     """
 
-    __slots__ = (
-        "attached",
-        "bound_to",
-        "call_id",
-        "done",
-        "grace",
-        "lost",
-        "method",
-        "origin",
-        "origin_connection",
-        "outcome",
-        "rid",
-        "sink",
-        "streams",
-        "table",
-        "task",
-        "virtual_id",
-    )
+    table: RequestTable
+    rid: bytes
+    method: str
+    origin_connection: int
+    call_id: int
+    virtual_id: int
+    #: The original call's context, once its task has started.
+    origin: CallContext | None = field(default=None, init=False)
+    #: (connection id, call id) of the call that gets the answer; None while unbound.
+    bound_to: tuple[int, int] | None = field(init=False)
+    #: That call's context (None until it has started).
+    sink: CallContext | None = field(default=None, init=False)
+    task: asyncio.Task[Any] | None = field(default=None, init=False)
+    outcome: Outcome | None = field(default=None, init=False)
+    done: asyncio.Future[None] | None = field(default=None, init=False)
+    attached: asyncio.Future[None] | None = field(default=None, init=False)
+    streams: dict[str, _Output] = field(default_factory=dict, init=False)
+    grace: asyncio.TimerHandle | None = field(default=None, init=False)
+    lost: bool = field(default=False, init=False)
 
-    def __init__(
-        self,
-        table: RequestTable,
-        rid: bytes,
-        method: str,
-        connection_id: int,
-        call_id: int,
-        virtual_id: int,
-    ) -> None:
-        self.table = table
-        self.rid = rid
-        self.method = method
-        self.origin_connection = connection_id
-        self.call_id = call_id
-        self.virtual_id = virtual_id
-        #: The original call's context, once its task has started.
-        self.origin: CallContext | None = None
-        #: (connection id, call id) of the call that gets the answer; None while unbound.
-        self.bound_to: tuple[int, int] | None = (connection_id, call_id)
-        #: That call's context (None until it has started).
-        self.sink: CallContext | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.outcome: Outcome | None = None
-        self.done: asyncio.Future[None] | None = None
-        self.attached: asyncio.Future[None] | None = None
-        self.streams: dict[str, _Output] = {}
-        self.grace: asyncio.TimerHandle | None = None
-        self.lost = False
+    def __post_init__(self) -> None:
+        self.bound_to = (self.origin_connection, self.call_id)
 
     def output(self, stream: str) -> _Output:
         out = self.streams.get(stream)
@@ -284,7 +262,7 @@ class RequestTable:
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = BackgroundTasks("requests")
         # Per virtual connection (minus the id of the connection its calls came on): how
         # many of its calls run, and what to run once it is closed and none does.
         self._virtual_running: dict[int, int] = {}
@@ -371,7 +349,7 @@ class RequestTable:
         self._closed_connections.discard(-virtual)
         callbacks = self._virtual_callbacks.pop(virtual, None)
         if callbacks:
-            self._spawn(_run_callbacks(callbacks))
+            self._background.spawn(_run_callbacks(callbacks))
 
     def close(self) -> None:
         """execd is stopping: cancel every running request."""
@@ -621,14 +599,6 @@ class RequestTable:
         what = "was evicted from the retention window" if reason == "evicted" else "is not known"
         data = api.NotKnown(reason=reason, rid=rid.hex(), seen=seen)
         return RequestNotKnown(f"request {rid.hex()} {what}", msgspec.to_builtins(data))
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        async def runner() -> None:
-            await coro
-
-        task = asyncio.get_running_loop().create_task(runner())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
 
 def _tail(chunks: Iterable[bytes], base: int, offset: int) -> bytes:

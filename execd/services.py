@@ -60,7 +60,7 @@ from execd.commands import (
     title_of,
 )
 from execd.config import Config
-from execd.context import CallContext, Method, bind
+from execd.context import CallContext
 from execd.errors import (
     ExecdError,
     InvalidParams,
@@ -196,14 +196,12 @@ class _Service:
 class ServicesCapability(CommandCapability):
     """``services.*`` methods over one process-wide table of named services."""
 
+    rpcs = rpc.RPCS
+
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "services")
         self._services: dict[str, _Service] = {}
         self._log_dir: str | None = None
-
-    def methods(self) -> list[Method]:
-        """The dispatch table entries of this capability."""
-        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Stop every service (SIGTERM, grace, SIGKILL, sweep) and forget them all."""

@@ -76,7 +76,7 @@ from execd.commands import (
     private_root,
 )
 from execd.config import Config
-from execd.context import CallContext, Method, bind
+from execd.context import CallContext
 from execd.errors import (
     LimitExceeded,
     NoSuchSession,
@@ -271,14 +271,12 @@ class SessionsCapability(CommandCapability):
     daemon's marker variable, which calls may neither override nor unset.
     """
 
+    rpcs = rpc.RPCS
+
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "sessions")
         self._sessions: dict[str, _Session] = {}
         self._root: str | None = None
-
-    def methods(self) -> list[Method]:
-        """The dispatch table entries of this capability."""
-        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Kill every session and everything it started."""

@@ -46,7 +46,7 @@ from execd import commands, pipes, procfs, reaper
 from execd import spawn as spawning
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
-from execd.context import CallContext, Method, bind
+from execd.context import CallContext
 from execd.errors import (
     AlreadyAttached,
     AlreadyExited,
@@ -159,13 +159,11 @@ class _Terminal:
 class TerminalCapability(CommandCapability):
     """``terminal.*`` methods over one process-wide table of terminals."""
 
+    rpcs = rpc.RPCS
+
     def __init__(self, config: Config, base_env: dict[str, str]) -> None:
         super().__init__(config, base_env, "terminal")
         self._terminals: dict[str, _Terminal] = {}
-
-    def methods(self) -> list[Method]:
-        """The dispatch table entries of this capability."""
-        return bind(self, rpc.RPCS)
 
     async def close(self) -> None:
         """Hang up every terminal and forget them all."""

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 from harnessd.errors import HarnessError
+from protocol.values import port_number as port_number
+from protocol.values import positive_seconds as positive_seconds
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that end a harnessd command cleanly (exit status 128+N)."""
@@ -44,25 +46,6 @@ def say(line: str) -> None:
     """Print one line on stderr; a closed stderr is not an error worth a traceback."""
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
-
-
-def port_number(text: str) -> int:
-    """argparse type: a TCP port to connect to, 1-65535."""
-    value = int(text) if text.isascii() and text.isdigit() else 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds above zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def positive_int(text: str) -> int:

@@ -54,7 +54,7 @@ import re
 import secrets
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from harnessd import keepalive as keepalive_group
@@ -164,6 +164,7 @@ class _Options:
         )
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Session:
     """One live execd in a workspace, with its authenticated client.
 
@@ -174,30 +175,19 @@ class Session:
     needed for :meth:`reconnect` and never shown by ``repr()``.
     """
 
-    def __init__(
-        self,
-        *,
-        client: ExecdClient,
-        host: str,
-        port: int,
-        marker: str,
-        marker_var: str,
-        pid: int,
-        workdir: str,
-        log_path: str,
-        runtime: Runtime,
-        token: str,
-        options: _Options,
-    ) -> None:
-        self.client = client
-        self.host = host
-        self.port = port
-        self.marker = marker
-        self.marker_var = marker_var
-        self.pid = pid
-        self.workdir = workdir
-        self.log_path = log_path
-        self.runtime = runtime
+    client: ExecdClient
+    host: str
+    port: int
+    marker: str
+    marker_var: str
+    pid: int
+    workdir: str
+    log_path: str
+    runtime: Runtime
+    token: InitVar[str]
+    options: InitVar[_Options]
+
+    def __post_init__(self, token: str, options: _Options) -> None:
         self._token = token
         self._options = options
         self._closing: asyncio.Future[CloseResult] | None = None

@@ -36,14 +36,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from harnessd.errors import HarnessError, LedgerConflict
-from protocol.connection import HandshakeComplete
 from protocol.ledger_chain import GENESIS_HASH, MAX_SEQ, entry_hash
 from protocol.rpc import ledger as rpc
+
+if TYPE_CHECKING:
+    from harnessd.api import ExecdClient
 
 MIN_BATCH_BYTES = 1024
 """Smallest batch budget accepted."""
@@ -66,37 +68,6 @@ class LedgerDiverged(HarnessError):
         self.local_seq = local_seq
         self.remote_seq = remote_seq
         self.remote_hash = remote_hash
-
-
-class LedgerPeer(Protocol):
-    """The part of :class:`~harnessd.rpc.ExecdClient` the sync uses."""
-
-    @property
-    def info(self) -> HandshakeComplete: ...
-
-    async def ledger_head(self, session: str) -> rpc.LedgerHead: ...
-
-    async def ledger_append(
-        self,
-        session: str,
-        first_seq: int,
-        prev_hash: bytes,
-        entries: list[bytes],
-        hashes: list[bytes] | None = None,
-    ) -> rpc.LedgerHead: ...
-
-    async def ledger_append_large(
-        self, session: str, seq: int, prev_hash: bytes, payload: bytes
-    ) -> rpc.LedgerHead: ...
-
-    async def ledger_read(
-        self,
-        session: str,
-        from_seq: int = 1,
-        *,
-        limit: int | None = None,
-        prev_hash: bytes | None = None,
-    ) -> list[rpc.LedgerRecord]: ...
 
 
 def encode_entry(entry: Mapping[str, Any]) -> bytes:
@@ -241,7 +212,7 @@ class LedgerSync:
         """Mark execd's head unknown (after a reconnect or a lost answer)."""
         self.acked = None
 
-    def budget(self, peer: LedgerPeer) -> int:
+    def budget(self, peer: ExecdClient) -> int:
         """The byte budget of one batch against ``peer``."""
         if self.batch_bytes is not None:
             return self.batch_bytes
@@ -252,7 +223,7 @@ class LedgerSync:
         """Upper bound of what one entry adds to the encoded parameters (payload + hash)."""
         return len(payload) + 5 + 2 + 32
 
-    async def sync(self, peer: LedgerPeer) -> SyncReport:
+    async def sync(self, peer: ExecdClient) -> SyncReport:
         """Send every entry execd does not hold yet; return the figures.
 
         Raises LedgerDiverged when execd's ledger is not a prefix of ours,
@@ -279,7 +250,7 @@ class LedgerSync:
             ms=(time.perf_counter() - started) * 1000.0,
         )
 
-    async def _sync(self, peer: LedgerPeer, counts: _Counters) -> None:
+    async def _sync(self, peer: ExecdClient, counts: _Counters) -> None:
         if self.acked is None:
             counts.head_queries += 1
             self._adopt(await peer.ledger_head(self.session))
@@ -353,7 +324,7 @@ class LedgerSync:
             remote_hash=head.hash,
         )
 
-    async def verify_remote(self, peer: LedgerPeer) -> int:
+    async def verify_remote(self, peer: ExecdClient) -> int:
         """Read execd's whole ledger back (chain-checked) and compare it with ours.
 
         Returns the number of entries compared; raises LedgerDiverged on any

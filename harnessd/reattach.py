@@ -256,6 +256,7 @@ class Reconnectable(Protocol):
     async def dial(self, timeout: float | None) -> ExecdClient: ...
 
 
+@dataclass(eq=False, repr=False)
 class Reconnector:
     """Reconnects a session whose connection was lost with calls in flight.
 
@@ -266,20 +267,13 @@ class Reconnector:
     after which the orphans fail by themselves.
     """
 
-    def __init__(
-        self,
-        reconnect: Callable[[], Awaitable[object]],
-        current: Callable[[], Client],
-        closed: Callable[[], bool],
-        window: float,
-    ) -> None:
-        self._reconnect = reconnect
-        self._current = current
-        self._closed = closed
-        self._window = window
-        self._task: asyncio.Task[None] | None = None
-        self._session: Reconnectable | None = None
-        self._lock = asyncio.Lock()
+    reconnect: Callable[[], Awaitable[object]]
+    current: Callable[[], Client]
+    closed: Callable[[], bool]
+    window: float
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _session: Reconnectable | None = field(default=None, init=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     @classmethod
     def of(cls, session: Reconnectable, window: float) -> Reconnector:
@@ -301,17 +295,17 @@ class Reconnector:
         return client
 
     def lost(self) -> None:
-        if self._closed() or (self._task is not None and not self._task.done()):
+        if self.closed() or (self._task is not None and not self._task.done()):
             return
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._window
+        deadline = loop.time() + self.window
         pause = 0.05
-        while not self._closed() and self._current().closed and loop.time() < deadline:
+        while not self.closed() and self.current().closed and loop.time() < deadline:
             try:
-                await self._reconnect()
+                await self.reconnect()
                 return
             except HarnessError as exc:
                 log.info("reconnecting to reattach calls in flight failed: %s", exc)

@@ -288,7 +288,32 @@ def _os_failure(action: str, path: str, exc: OSError) -> WorkspaceError:
     return WorkspaceError(f"cannot {action} {path}: {exc.strerror or exc}")
 
 
-class LocalRuntime:
+class _ProcessRuntime:
+    """What both runtimes on this machine share: commands run through :func:`run_process`."""
+
+    max_output: int
+    env: dict[str, str]
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """The argv actually run on this machine for ``argv`` in the workspace."""
+        return list(argv)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run ``wrap(argv)`` here to completion; see :class:`Runtime`."""
+        if not argv:
+            raise WorkspaceError("cannot run an empty argv")
+        return await run_process(
+            self.wrap(argv), stdin=stdin, timeout=timeout, max_output=self.max_output, env=self.env
+        )
+
+
+class LocalRuntime(_ProcessRuntime):
     """Processes and files on this machine, as this process's user.
 
     ``start_background`` makes the process a direct child in a session of its
@@ -310,18 +335,6 @@ class LocalRuntime:
 
     def __repr__(self) -> str:
         return "LocalRuntime()"
-
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
-        """Run ``argv`` here to completion; see :class:`Runtime`."""
-        return await run_process(
-            argv, stdin=stdin, timeout=timeout, max_output=self.max_output, env=self.env
-        )
 
     async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
         """Start ``argv`` detached, output appended to ``log_path``; see :class:`Runtime`."""
@@ -374,7 +387,7 @@ chmod "$2" -- "$1"
 """
 
 
-class CommandPrefixRuntime:
+class CommandPrefixRuntime(_ProcessRuntime):
     """Every command runs as ``prefix + argv``: ssh, docker exec, ip netns exec, setpriv, ...
 
     ``run(argv)`` runs ``prefix + argv``. ``start_background`` runs a short
@@ -411,20 +424,6 @@ class CommandPrefixRuntime:
         """The argv actually run on this machine for ``argv`` in the workspace."""
         tail = [shlex.quote(arg) for arg in argv] if self.quote_for_remote_shell else list(argv)
         return [*self.prefix, *tail]
-
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
-        """Run ``prefix + argv`` to completion; see :class:`Runtime`."""
-        if not argv:
-            raise WorkspaceError("cannot run an empty argv")
-        return await run_process(
-            self.wrap(argv), stdin=stdin, timeout=timeout, max_output=self.max_output, env=self.env
-        )
 
     async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
         """Start ``argv`` detached in the workspace; see :class:`Runtime`."""

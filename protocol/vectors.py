@@ -82,35 +82,29 @@ _CLIENT_NONCE = bytes(range(0x40, 0x60))
 _SERVER_NONCE = bytes(range(0x80, 0xA0))
 _OFFERED = (limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20, limits.CIPHER_NONE)
 
+
+def _case(cipher: str, server_ciphers: tuple[str, ...]) -> VectorInputs:
+    """The fixed inputs, with the ciphers the server accepts; named after the one agreed."""
+    return VectorInputs(
+        name=cipher,
+        token=_TOKEN,
+        client_nonce=_CLIENT_NONCE,
+        server_nonce=_SERVER_NONCE,
+        offered_ciphers=_OFFERED,
+        server_ciphers=server_ciphers,
+        client_max_frame=16 * 1024 * 1024,
+        client_window=1024 * 1024,
+        server_max_frame=8 * 1024 * 1024,
+        server_window=256 * 1024,
+        welcome_info={"server": "execd", "pid": 4242},
+    )
+
+
 #: The fixed cases: one per AEAD cipher. Both offer the same list; in the
 #: second the server does not accept AES-GCM, so the client's next choice wins.
 CASES: tuple[VectorInputs, ...] = (
-    VectorInputs(
-        name=limits.CIPHER_AESGCM,
-        token=_TOKEN,
-        client_nonce=_CLIENT_NONCE,
-        server_nonce=_SERVER_NONCE,
-        offered_ciphers=_OFFERED,
-        server_ciphers=(limits.CIPHER_AESGCM, limits.CIPHER_CHACHA20, limits.CIPHER_NONE),
-        client_max_frame=16 * 1024 * 1024,
-        client_window=1024 * 1024,
-        server_max_frame=8 * 1024 * 1024,
-        server_window=256 * 1024,
-        welcome_info={"server": "execd", "pid": 4242},
-    ),
-    VectorInputs(
-        name=limits.CIPHER_CHACHA20,
-        token=_TOKEN,
-        client_nonce=_CLIENT_NONCE,
-        server_nonce=_SERVER_NONCE,
-        offered_ciphers=_OFFERED,
-        server_ciphers=(limits.CIPHER_CHACHA20, limits.CIPHER_NONE),
-        client_max_frame=16 * 1024 * 1024,
-        client_window=1024 * 1024,
-        server_max_frame=8 * 1024 * 1024,
-        server_window=256 * 1024,
-        welcome_info={"server": "execd", "pid": 4242},
-    ),
+    _case(limits.CIPHER_AESGCM, _OFFERED),
+    _case(limits.CIPHER_CHACHA20, (limits.CIPHER_CHACHA20, limits.CIPHER_NONE)),
 )
 
 

@@ -118,6 +118,21 @@ class LimitsInfo(Schema, kw_only=True):
     defaults: Limits | None = None
 
 
+class ProcessEnd(Schema, kw_only=True):
+    """How the process an info result describes ended, once it has (base of those results).
+
+    At most one of ``exit_code`` and ``signal`` is set. ``limit_exceeded`` is
+    the limit that ended it, where that can be told; ``limits`` says how each
+    of its limits is enforced. As a base class's keyword-only fields they come
+    last in the encoded map, which decoders read by key.
+    """
+
+    exit_code: int | None = None
+    signal: int | None = None
+    limit_exceeded: LimitName | None = None
+    limits: dict[LimitName, Mechanism] | None = None
+
+
 def as_limits(value: Limits | Mapping[str, float] | None) -> Limits | None:
     """``value`` as :class:`Limits` (a mapping such as ``{"memory": 256 << 20}`` is converted).
 

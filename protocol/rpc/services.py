@@ -78,7 +78,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
-from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.resources import Limits, ProcessEnd
 
 LOG_STREAM: Final = "log"
 """The stream a following ``services.logs`` sends the log's bytes on."""
@@ -208,15 +208,15 @@ class RestartParams(Schema):
     name: Name
 
 
-class ServiceInfo(Schema):
+class ServiceInfo(ProcessEnd):
     """What is known about one service.
 
     ``pid`` is the current (or last) instance's; ``started`` its Unix start
     time and ``uptime`` the seconds it has been running (while it runs).
-    ``exit_code``/``signal`` describe the last instance's end, once it has
-    ended. ``ready`` says the readiness probe succeeded for this start.
-    ``log_size`` is the log file's size in bytes. ``error`` explains a
-    restart that could not be spawned.
+    ``exit_code``, ``signal`` and ``limit_exceeded`` describe the last
+    instance's end, once it has ended. ``ready`` says the readiness probe
+    succeeded for this start. ``log_size`` is the log file's size in bytes.
+    ``error`` explains a restart that could not be spawned.
     """
 
     name: str
@@ -227,15 +227,10 @@ class ServiceInfo(Schema):
     started: float | None = None
     uptime: float | None = None
     finished: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
     restarts: int = 0
     ready: bool = False
     log_size: int = 0
     error: str | None = None
-    #: The limit that ended the latest instance, where it can be told; how each limit is enforced.
-    limit_exceeded: LimitName | None = None
-    limits: dict[LimitName, Mechanism] | None = None
 
 
 # -- status / list / stop -----------------------------------------------------------------

@@ -61,7 +61,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
-from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a session name looks like."""
@@ -99,7 +99,7 @@ class OpenParams(Schema):
     limits: Limits | None = None
 
 
-class SessionInfo(Schema):
+class SessionInfo(ProcessEnd):
     """What is known about one session.
 
     ``cwd`` is the shell's current working directory (physical path), absent
@@ -113,10 +113,6 @@ class SessionInfo(Schema):
     created: float
     cwd: str | None = None
     commands: Count = 0
-    exit_code: int | None = None
-    signal: int | None = None
-    limit_exceeded: LimitName | None = None
-    limits: dict[LimitName, Mechanism] | None = None
 
 
 class RunParams(Schema):

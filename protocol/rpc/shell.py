@@ -29,7 +29,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
-from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
 
 STDOUT_STREAM: Final = "stdout"
 STDERR_STREAM: Final = "stderr"
@@ -172,7 +172,7 @@ class SignalResult(Schema):
 # -- detached commands -----------------------------------------------------------
 
 
-class CommandInfo(Schema):
+class CommandInfo(ProcessEnd):
     """What is known about one detached command.
 
     ``title`` is the command line, truncated to :data:`MAX_TITLE`
@@ -187,8 +187,6 @@ class CommandInfo(Schema):
     started: float
     cwd: str | None = None
     finished: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
     timed_out: bool = False
     idle_out: bool = False
     duration: float | None = None
@@ -196,8 +194,6 @@ class CommandInfo(Schema):
     stderr_bytes: Count = 0
     pipes_held_open: bool = False
     attached: bool = False
-    limit_exceeded: LimitName | None = None
-    limits: dict[LimitName, Mechanism] | None = None
 
 
 class ListParams(Schema):

@@ -30,7 +30,7 @@ from typing import Annotated, Final
 import msgspec
 
 from protocol.rpc import Rpc, Schema
-from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.resources import Limits, ProcessEnd
 from protocol.rpc.shell import (
     MAX_ARGV,
     MAX_COMMAND,
@@ -74,7 +74,7 @@ class OpenParams(Schema, kw_only=True):
     limits: Limits | None = None
 
 
-class TerminalInfo(Schema, kw_only=True):
+class TerminalInfo(ProcessEnd, kw_only=True):
     """What is known about one terminal.
 
     ``tty`` is the terminal's device (``/dev/pts/N``). Once ``state`` is
@@ -89,12 +89,8 @@ class TerminalInfo(Schema, kw_only=True):
     state: CommandState
     rows: int
     cols: int
-    exit_code: int | None = None
-    signal: int | None = None
     output_bytes: Count = 0
     attached: bool = False
-    limit_exceeded: LimitName | None = None
-    limits: dict[LimitName, Mechanism] | None = None
 
 
 class AttachParams(Schema, kw_only=True):

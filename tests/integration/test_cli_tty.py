@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from execd.marker import find_marked
 from tests.conftest import eventually_blocking
 from tests.support.daemon import RunningExecd, start_execd
 
@@ -54,7 +55,10 @@ def _exec_it(execd: RunningExecd, *argv: str) -> Iterator[_Exec]:
     )
     try:
         # Raw mode here: the local line discipline no longer echoes or cooks.
-        eventually_blocking(lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, what="raw")
+        # It takes a Python start and a connection: more than the usual 10 s on a loaded machine.
+        eventually_blocking(
+            lambda: not termios.tcgetattr(slave)[3] & termios.ICANON, timeout=30.0, what="raw"
+        )
         yield _Exec(proc, master, slave, before)
     finally:
         if proc.poll() is None:
@@ -90,21 +94,21 @@ def test_exec_it_restores_the_local_terminal_and_returns_the_status(execd: Runni
 def test_exec_it_ctrl_c_reaches_the_remote_program(execd: RunningExecd) -> None:
     with _exec_it(execd, "sh", "-c", "sleep 30; echo after-$?") as run:
         # Ctrl-C reaches the remote sleep once it runs (before, it would be typed-ahead input).
-        eventually_blocking(_remote_sleep_running, what="remote sleep running")
+        eventually_blocking(lambda: _remote_sleep_running(execd), what="remote sleep running")
         os.write(run.master, b"\x03")
         status = run.proc.wait(timeout=30)
         assert status in (130, 0), status
         assert termios.tcgetattr(run.slave) == run.before
 
 
-def _remote_sleep_running() -> bool:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if Path(f"/proc/{entry}/cmdline").read_bytes() == b"sleep\x0030\x00":
-                    return True
-            except OSError:
-                continue
+def _remote_sleep_running(execd: RunningExecd) -> bool:
+    """Whether this execd's ``sleep 30`` runs (not another test's: only its marked processes)."""
+    for pid in find_marked("EXECD_MARKER", execd.marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x0030\x00":
+                return True
+        except OSError:
+            continue
     return False
 
 

@@ -310,6 +310,20 @@ async def cancelled_run_kills_its_group(rt: Runtime) -> object:
 
     assert await until(both_written)
     pids = [int(pid) for pid in (await rt.read("pids.txt")).split()]
+
+    async def spawned() -> bool:
+        # The reference runtime kills the group only once asyncio's create_subprocess_exec
+        # has returned (a few loop rounds after the fork); a cancel while that still waits
+        # for the pipes kills the shell alone and leaves the sleep. Cancel the command, not
+        # the spawn: wait until no coroutine on the task's await chain is that call.
+        awaited: Any = task.get_coro()
+        while awaited is not None and hasattr(awaited, "cr_code"):
+            if awaited.cr_code.co_name == "create_subprocess_exec":
+                return False
+            awaited = awaited.cr_await
+        return True
+
+    assert await until(spawned)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

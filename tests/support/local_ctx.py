@@ -23,9 +23,9 @@ class LocalContext:
 
     def __init__(self, call_id: int = 1, max_chunk: int = 64 * 1024) -> None:
         LocalContext._next_connection += 1
-        self._call_id = call_id
-        self._connection_id = LocalContext._next_connection
-        self._max_chunk = max_chunk
+        self.call_id = call_id
+        self.connection_id = LocalContext._next_connection
+        self.max_chunk = max_chunk
         self.sent: dict[str, list[bytes]] = defaultdict(list)
         self.ended: set[str] = set()
         self.events: list[tuple[int, str, Any]] = []
@@ -33,21 +33,9 @@ class LocalContext:
         self._incoming: dict[str, asyncio.Queue[object]] = defaultdict(asyncio.Queue)
         self._on_close: list[Callable[[], Awaitable[None] | None]] = []
 
-    @property
-    def call_id(self) -> int:
-        return self._call_id
-
-    @property
-    def connection_id(self) -> int:
-        return self._connection_id
-
-    @property
-    def max_chunk(self) -> int:
-        return self._max_chunk
-
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
-        for start in range(0, len(data), self._max_chunk):
-            self.sent[stream].append(bytes(data[start : start + self._max_chunk]))
+        for start in range(0, len(data), self.max_chunk):
+            self.sent[stream].append(bytes(data[start : start + self.max_chunk]))
         if end:
             self.ended.add(stream)
         await asyncio.sleep(0)

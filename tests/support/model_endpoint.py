@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from bench.tls import self_signed
 
@@ -96,7 +96,33 @@ class Seen:
     at: float
 
 
-class ModelEndpoint:
+def _serve(server: socketserver.BaseServer) -> threading.Thread:
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+class _Served:
+    """A server answering from a daemon thread until :meth:`close` (also a context manager)."""
+
+    server: socketserver.TCPServer
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ModelEndpoint(_Served):
     """A chat-completions server on 127.0.0.1:0 (see the module docstring).
 
     ``tls``: (certificate file, key file) to serve HTTPS with.
@@ -160,10 +186,7 @@ class ModelEndpoint:
             context.load_cert_chain(str(tls[0]), str(tls[1]))
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
+        self.thread = _serve(self.server)
 
     @property
     def port(self) -> int:
@@ -180,18 +203,10 @@ class ModelEndpoint:
 
     def close(self) -> None:
         self.closed.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-    def __enter__(self) -> ModelEndpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
-class ForwardProxy:
+class ForwardProxy(_Served):
     """An HTTP forward proxy on 127.0.0.1:0 (absolute-form requests and CONNECT tunnels).
 
     Absolute-form requests are rewritten to origin form and sent on a fresh
@@ -228,10 +243,7 @@ class ForwardProxy:
             allow_reuse_address = True
 
         self.server = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
+        self.thread = _serve(self.server)
 
     @property
     def url(self) -> str:
@@ -285,17 +297,6 @@ class ForwardProxy:
                 handler.wfile.write(header_line)
             handler.wfile.write(reply.read(reply_length))
             handler.wfile.flush()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-    def __enter__(self) -> ForwardProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:

@@ -112,7 +112,7 @@ def searchable_path(path: str | None = None) -> str:
 
 
 def run_python(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """Run the tests' interpreter with ``args``; its output captured as text, any status."""
     return subprocess.run(

@@ -11,7 +11,13 @@ from execd import calls
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize("direct", [True, False])
+@pytest.fixture(params=[True, False], ids=["direct", "task"])
+def direct(request: pytest.FixtureRequest) -> bool:
+    """Each test runs with direct first steps and with an ordinary task."""
+    value: bool = request.param
+    return value
+
+
 async def test_a_call_that_never_suspends_needs_no_task(direct: bool) -> None:
     ran: list[str] = []
 
@@ -25,7 +31,6 @@ async def test_a_call_that_never_suspends_needs_no_task(direct: bool) -> None:
     assert ran == ["done"]
 
 
-@pytest.mark.parametrize("direct", [True, False])
 async def test_a_call_that_suspends_finishes_in_a_task(direct: bool) -> None:
     loop = asyncio.get_running_loop()
     gate: asyncio.Future[int] = loop.create_future()
@@ -45,7 +50,6 @@ async def test_a_call_that_suspends_finishes_in_a_task(direct: bool) -> None:
     assert seen == ["first step", 7, "slept"]
 
 
-@pytest.mark.parametrize("direct", [True, False])
 async def test_cancelling_the_rest_reaches_the_handler(direct: bool) -> None:
     loop = asyncio.get_running_loop()
     gate: asyncio.Future[None] = loop.create_future()
@@ -67,8 +71,10 @@ async def test_cancelling_the_rest_reaches_the_handler(direct: bool) -> None:
     assert seen == ["cancelled in the handler"]
 
 
-@pytest.mark.parametrize("direct", [True, False])
-async def test_an_error_after_resuming_is_the_tasks(direct: bool) -> None:
+@pytest.mark.parametrize("gate_error", [KeyError, None], ids=["the future", "the handler"])
+async def test_an_error_after_resuming_is_the_tasks(
+    direct: bool, gate_error: type[Exception] | None
+) -> None:
     loop = asyncio.get_running_loop()
     gate: asyncio.Future[None] = loop.create_future()
 
@@ -78,17 +84,9 @@ async def test_an_error_after_resuming_is_the_tasks(direct: bool) -> None:
 
     task = calls.start(loop, handler(), "fails", direct)
     assert task is not None
-    gate.set_exception(KeyError("through the future"))
-    with pytest.raises(KeyError):
-        await task
-    gate2: asyncio.Future[None] = loop.create_future()
-
-    async def handler2() -> None:
-        await gate2
-        raise ValueError("after the first suspension")
-
-    task = calls.start(loop, handler2(), "fails", direct)
-    assert task is not None
-    gate2.set_result(None)
-    with pytest.raises(ValueError, match="after the first suspension"):
+    if gate_error is None:
+        gate.set_result(None)
+    else:
+        gate.set_exception(gate_error("through the future"))
+    with pytest.raises(gate_error or ValueError):
         await task

@@ -87,6 +87,16 @@ def call(client: ClientConnection, server: ServerConnection, method: str = "m") 
     return call_id
 
 
+def assert_server_aborted(
+    client: ClientConnection, server: ServerConnection, code: ErrorCode
+) -> None:
+    """The server has closed, and all the client hears of it is one Abort with ``code``."""
+    assert server.state is State.CLOSED
+    events = client.receive_data(server.data_to_send())
+    assert len(events) == 1 and isinstance(events[0], Abort)
+    assert events[0].code == int(code)
+
+
 # -- calls ----------------------------------------------------------------------------------
 
 
@@ -139,10 +149,7 @@ def test_duplicate_call_id_is_a_protocol_error() -> None:
     with pytest.raises(DuplicateCallId) as info:
         server.receive_data(raw(Call(id=5, method="b")))
     assert info.value.code is ErrorCode.DUPLICATE_CALL_ID
-    assert server.state is State.CLOSED
-    events = client.receive_data(server.data_to_send())
-    assert len(events) == 1 and isinstance(events[0], Abort)
-    assert events[0].code == int(ErrorCode.DUPLICATE_CALL_ID)
+    assert_server_aborted(client, server, ErrorCode.DUPLICATE_CALL_ID)
     assert client.state is State.CLOSED
 
 
@@ -285,10 +292,7 @@ def test_garbage_after_the_handshake_closes_with_an_abort() -> None:
     client, server = open_pair()
     with pytest.raises(MalformedMessage):
         server.receive_data(b"\x00\x00\x00\x01\xc1")
-    assert server.state is State.CLOSED
-    events = client.receive_data(server.data_to_send())
-    assert len(events) == 1 and isinstance(events[0], Abort)
-    assert events[0].code == int(ErrorCode.MALFORMED_MESSAGE)
+    assert_server_aborted(client, server, ErrorCode.MALFORMED_MESSAGE)
 
 
 # -- flow control -----------------------------------------------------------------------------
@@ -332,10 +336,7 @@ def test_receiver_detects_an_overrun() -> None:
     with pytest.raises(FlowControlViolation) as info:
         server.receive_data(raw(Chunk(id=call_id, stream="up", seq=2, data=b"x")))
     assert info.value.code is ErrorCode.FLOW_CONTROL_VIOLATION
-    assert server.state is State.CLOSED
-    events = client.receive_data(server.data_to_send())
-    assert isinstance(events[0], Abort)
-    assert events[0].code == int(ErrorCode.FLOW_CONTROL_VIOLATION)
+    assert_server_aborted(client, server, ErrorCode.FLOW_CONTROL_VIOLATION)
 
 
 def test_client_detects_a_server_overrun() -> None:
@@ -550,10 +551,7 @@ def test_chunk_after_end_is_a_flow_control_violation() -> None:
     server.receive_data(raw(Chunk(id=call_id, stream="up", seq=0, data=b"x" * WINDOW, end=True)))
     with pytest.raises(FlowControlViolation):
         server.receive_data(raw(Chunk(id=call_id, stream="up", seq=1, data=b"x", end=True)))
-    assert server.state is State.CLOSED
-    events = client.receive_data(server.data_to_send())
-    assert isinstance(events[0], Abort)
-    assert events[0].code == int(ErrorCode.FLOW_CONTROL_VIOLATION)
+    assert_server_aborted(client, server, ErrorCode.FLOW_CONTROL_VIOLATION)
 
 
 def test_sender_cannot_reopen_an_ended_stream() -> None:

@@ -165,6 +165,15 @@ def test_spec_vector_section_is_what_protocol_vectors_prints() -> None:
     assert vectors.render(vectors.all_vectors()) in spec_text()
 
 
+def side_of(block: dict[str, str], side: str) -> dict[str, Any]:
+    """A side's nonce, max_frame and window in a block, keyed as its message and constructor."""
+    return {
+        "nonce": bytes.fromhex(block[f"{side} nonce"]),
+        "max_frame": int(block[f"{side} max_frame"]),
+        "window": int(block[f"{side} window"]),
+    }
+
+
 def independent_transcript(block: dict[str, str]) -> bytes:
     offered = block["offered ciphers"].split(",")
     chosen = block["chosen cipher"]
@@ -209,18 +218,14 @@ def test_spec_vectors_recomputed_independently(index: int) -> None:
         "hello frame": {
             "t": "hello",
             "versions": [limits.PROTOCOL_VERSION],
-            "nonce": bytes.fromhex(block["client nonce"]),
             "ciphers": offered,
-            "max_frame": int(block["client max_frame"]),
-            "window": int(block["client window"]),
+            **side_of(block, "client"),
         },
         "challenge frame": {
             "t": "challenge",
             "version": int(block["chosen version"]),
-            "nonce": bytes.fromhex(block["server nonce"]),
             "cipher": chosen,
-            "max_frame": int(block["server max_frame"]),
-            "window": int(block["server window"]),
+            **side_of(block, "server"),
         },
         "auth frame": {"t": "auth", "mac": client_mac},
         "welcome frame": {
@@ -250,21 +255,10 @@ def test_connection_machines_produce_the_spec_frames(index: int) -> None:
     block = spec_vector_blocks()[index]
     token = bytes.fromhex(block["token"])
     info = json.loads(block["welcome info"])
-    client = ClientConnection(
-        token,
-        ciphers=tuple(block["offered ciphers"].split(",")),
-        max_frame=int(block["client max_frame"]),
-        window=int(block["client window"]),
-        nonce=bytes.fromhex(block["client nonce"]),
-    )
-    server = ServerConnection(
-        token,
-        ciphers=tuple(block["server accepts"].split(",")),
-        max_frame=int(block["server max_frame"]),
-        window=int(block["server window"]),
-        nonce=bytes.fromhex(block["server nonce"]),
-        info=info,
-    )
+    offered = tuple(block["offered ciphers"].split(","))
+    client = ClientConnection(token, ciphers=offered, **side_of(block, "client"))
+    accepted = tuple(block["server accepts"].split(","))
+    server = ServerConnection(token, ciphers=accepted, info=info, **side_of(block, "server"))
     hello = client.data_to_send()
     assert hello.hex() == block["hello frame"]
     assert server.receive_data(hello) == []

@@ -32,7 +32,7 @@ pytestmark = [
 
 
 class Recorder:
-    """A LedgerPeer in front of a real client that records the size of every call it makes.
+    """Stands in for a real client (duck-typed) and records the size of every call it makes.
 
     ``lose_reply_after``: after that many appends reach execd, the next one is
     forwarded and then its reply is "lost" (ConnectionLost raised instead).

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from execd import pipes, reaper
 from execd import spawn as sp
+from tests.support.procs import run_python
 
 pytestmark = pytest.mark.anyio
 
@@ -72,13 +71,7 @@ _REAPER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_reaper_reaps_orphans_but_not_tracked_children(loop: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _REAPER_SCRIPT, loop],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_python("-c", _REAPER_SCRIPT, loop, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
 

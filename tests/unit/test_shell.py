@@ -66,7 +66,7 @@ async def until_exited(cap: ShellCapability, command_id: str) -> None:
 def sibling(ctx: LocalContext, call_id: int) -> LocalContext:
     """Another call on the same connection as ``ctx``."""
     other = LocalContext(call_id=call_id)
-    other._connection_id = ctx.connection_id
+    other.connection_id = ctx.connection_id
     return other
 
 
