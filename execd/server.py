@@ -154,7 +154,7 @@ class ServerProtocol(FramedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if not self.server.admit(self):
-            self.abort(None, code=ErrorCode.CONNECTION_LIMIT)
+            self.abort(None, code=ErrorCode.CONNECTION_LIMIT, message="too many connections")
             return
         loop = asyncio.get_running_loop()
         self._deadline = loop.call_later(
@@ -164,7 +164,9 @@ class ServerProtocol(FramedProtocol):
     def _handshake_expired(self) -> None:
         if not self.authenticated and not self.closed:
             log.info("connection %d: handshake timed out", self.connection_id)
-            self.abort(None, code=ErrorCode.HANDSHAKE_TIMEOUT)
+            limit = self.server.config.limits.handshake_timeout
+            message = f"the handshake did not complete within {limit:g} s"
+            self.abort(None, code=ErrorCode.HANDSHAKE_TIMEOUT, message=message)
 
     def handle_closed(self, reason: BaseException | None) -> None:
         if self._deadline is not None:
@@ -450,7 +452,11 @@ class Server:
                 self._shed_count,
             )
             self._shed_logged = now
-        proto.abort(None, code=ErrorCode.CONNECTION_LIMIT)
+        proto.abort(
+            None,
+            code=ErrorCode.CONNECTION_LIMIT,
+            message="shed: too many connections waiting for their handshake",
+        )
 
     def authenticated(self, proto: ServerProtocol) -> None:
         """A connection finished its handshake."""
@@ -470,7 +476,7 @@ class Server:
         for proto in list(self._authenticated):
             if proto.connection_id == connection_id:
                 log.info("connection %d: superseded by a reattach; closing it", connection_id)
-                proto.abort(None, code=ErrorCode.GOING_AWAY)
+                proto.abort(None, code=ErrorCode.GOING_AWAY, message="superseded by a reattach")
 
     def spawn_background(self, coro: Awaitable[Any]) -> None:
         """Run ``coro`` as a task the server keeps a reference to."""
@@ -516,7 +522,7 @@ class Server:
         if self._server is not None:
             self._server.close()
         for proto in [*self._unauthenticated, *self._authenticated]:
-            proto.abort(None, code=ErrorCode.GOING_AWAY)
+            proto.abort(None, code=ErrorCode.GOING_AWAY, message="execd is shutting down")
         self.requests.close()
         if self._background:
             await asyncio.wait(list(self._background), timeout=10)

@@ -20,10 +20,11 @@ from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
 from harnessd.api_watch import WatchClient
 from harnessd.client import CallHandle, open_connection
-from harnessd.errors import LocalFileError, ProtocolViolation
+from harnessd.errors import HandshakeFailed, LocalFileError, ProtocolViolation
 from harnessd.opening import Opening
 from harnessd.terminal import TerminalsClient
 from protocol import limits
+from protocol.errors import ErrorCode
 from protocol.handshake import token_bytes
 from protocol.rpc import core, files, ledger, shell
 from protocol.rpc.resources import Limits, as_limits
@@ -540,6 +541,10 @@ class RunningCommand(Generic[R]):
         self.handle.cancel()
 
 
+#: Connections :func:`connect` opens when execd times out the handshake (the first included).
+HANDSHAKE_ATTEMPTS = 3
+
+
 def connect(
     host: str,
     port: int,
@@ -567,21 +572,32 @@ def connect(
     reattach them (:mod:`harnessd.reattach`; 0, the default: they fail with
     ConnectionLost at once).
 
+    A handshake execd gave up waiting for (HANDSHAKE_TIMEOUT: this side did
+    not finish within execd's limit, as when its event loop is starved) is
+    tried again on a new connection, at most :data:`HANDSHAKE_ATTEMPTS` times
+    in all.
+
     Raises ValueError at once for an empty or overlong token; then
     ConnectFailed, AuthenticationFailed or HandshakeFailed.
     """
     secret = token_bytes(token)
 
     async def open_client() -> ExecdClient:
-        proto, info = await open_connection(
-            host,
-            port,
-            secret,
-            encrypt=encrypt,
-            timeout=timeout,
-            max_frame=max_frame,
-            window=window,
-        )
+        for attempt in range(1, HANDSHAKE_ATTEMPTS + 1):
+            try:
+                proto, info = await open_connection(
+                    host,
+                    port,
+                    secret,
+                    encrypt=encrypt,
+                    timeout=timeout,
+                    max_frame=max_frame,
+                    window=window,
+                )
+                break
+            except HandshakeFailed as exc:
+                if exc.code != ErrorCode.HANDSHAKE_TIMEOUT or attempt == HANDSHAKE_ATTEMPTS:
+                    raise
         return ExecdClient(proto, info, keepalive, reattach_within=reattach_within)
 
     return Opening(open_client, ExecdClient.close)

@@ -69,6 +69,14 @@ _FOREIGN_PEER = frozenset(
 MAX_EARLY_EVENTS = 4096
 
 
+def _code_name(code: int) -> str:
+    """A wire code as words, for an Abort that came without a message."""
+    try:
+        return ErrorCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        return f"error code {code}"
+
+
 class PendingCall:
     """One call in flight: the one record the client keeps of it until its answer comes."""
 
@@ -177,13 +185,11 @@ class ClientProtocol(FramedProtocol):
                     f"execd closed the connection: {event.message or 'going away'}"
                 )
             elif not self.ready.done():
-                reason = HandshakeFailed(
-                    f"execd refused the handshake: {event.message}", event.code
-                )
+                why = event.message or _code_name(event.code)
+                reason = HandshakeFailed(f"execd refused the handshake: {why}", event.code)
             else:
-                reason = ProtocolViolation(
-                    f"execd closed the connection: {event.message}", event.code
-                )
+                why = event.message or _code_name(event.code)
+                reason = ProtocolViolation(f"execd closed the connection: {why}", event.code)
             self.abort(reason)
         elif isinstance(event, Pong):
             pass

@@ -445,8 +445,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     # -- closing -------------------------------------------------------------
 
-    def abort(self, reason: BaseException | None, *, code: ErrorCode | None = None) -> None:
-        """Close the connection now, sending an Abort first when the state allows."""
+    def abort(
+        self, reason: BaseException | None, *, code: ErrorCode | None = None, message: str = ""
+    ) -> None:
+        """Close the connection now, sending an Abort first when the state allows.
+
+        The Abort carries ``message``, else ``reason``'s text.
+        """
         if self.close_reason is None:
             self.close_reason = reason
         self._release_held()  # what was sent before goes before the Abort
@@ -454,7 +459,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             err_code = (
                 code if code is not None else getattr(reason, "code", ErrorCode.PROTOCOL_ERROR)
             )
-            frame = self.conn.close(err_code, str(reason) if reason else "")
+            frame = self.conn.close(err_code, message or (str(reason) if reason else ""))
             if frame and self.transport is not None and not self.transport.is_closing():
                 self.transport.write(frame)
         else:

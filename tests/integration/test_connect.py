@@ -124,3 +124,18 @@ def test_a_stalled_event_loop_does_not_give_up_its_connections(daemon: RunningEx
             await client.noop()
 
     asyncio.run(main())
+
+
+def test_a_handshake_execd_timed_out_is_tried_again_on_a_new_connection(tmp_path: Path) -> None:
+    """A harness too busy to finish its handshake in time (here: its loop stalled) still connects."""
+    with start_execd(tmp_path, "--handshake-timeout", "0.2", "--log-level", "INFO") as daemon:
+
+        async def main() -> None:
+            # Stalls the loop before the first handshake can finish: execd gives up on it.
+            asyncio.get_running_loop().call_soon(time.sleep, 0.8)
+            async with harnessd.connect(daemon.host, daemon.port, daemon.token) as client:
+                await client.noop()
+
+        asyncio.run(main())
+        log = daemon.log()
+    assert log.count("handshake timed out") == 1, log
