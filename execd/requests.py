@@ -38,7 +38,19 @@ bound the last ``Limits.output_cap`` bytes -- at least the peer's window with
 the default windows, so at least every byte sent that the client may not
 have consumed (the sender cannot run further ahead of the reader than the
 credit it was granted). An attach that asks for older bytes fails with
-STREAM_ERROR before anything is sent. A per-stream lock orders a live send
+STREAM_ERROR before anything is sent.
+
+Once a call has finished, the client either got its output or lost it with
+the connection, and the server cannot tell which from the answer alone. So
+after answering a call that keeps at least :data:`RECEIPT_MIN` bytes of
+output, the server pings the connection (one ping in flight per connection):
+the peer answers pings in order with its other frames, so its pong proves
+that it received every chunk sent before the ping, and those bytes are let
+go (:meth:`RequestTable.received`); the outcome and the streams' offsets
+stay. Without that, every finished large read would pin its blocks for as
+long as the retention window keeps it (up to ``request_retention_bytes``),
+and each read's blocks would land in fresh memory. Output of a call that is
+still running is kept as above. A per-stream lock orders a live send
 and the replay of an attach, so the attaching call sees the stream's bytes
 exactly once and in order.
 
@@ -70,7 +82,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -94,15 +106,24 @@ log = logging.getLogger("execd.requests")
 
 #: Evicted ids remembered per id of the retention count.
 EVICTED_MEMORY: Final = 4
-#: Bytes a kept outcome costs beyond its payload (the Request, its id, the table slots).
+#: Bytes a kept outcome costs beyond its payload (its tuples, its id, the table slots).
 ENTRY_OVERHEAD: Final = 512
+#: Kept output of a finished call from which its receipt is proved (a ping) to let it go.
+RECEIPT_MIN: Final = 64 * 1024
 
 #: A finished call's outcome: its encoded result, or its error.
 Outcome = bytes | ExecdError
-#: An outcome kept compactly, for a call without output to replay: the encoded result
-#: (None for an error), the error's code, message and encoded data. A tuple of bytes,
-#: ints and strings, which the garbage collector stops tracking.
+#: An outcome kept compactly: the encoded result (None for an error), the error's code,
+#: message and encoded data.
 Kept = tuple[bytes | None, int, str, bytes]
+#: One output stream of a finished call as kept: its name, the offset of its first kept
+#: byte, the kept chunks, and whether it had ended.
+KeptStream = tuple[str, int, tuple[bytes, ...], bool]
+#: A finished call as the retention window keeps it: its outcome and its kept output, by
+#: stream name. Tuples of bytes, ints and strings, which the garbage collector stops
+#: tracking (the Request, its locks and buffers go), and which never change: letting
+#: output go replaces the entry, so an attach replaying it keeps what it took.
+Finished = tuple[Kept, tuple[KeptStream, ...]]
 Callback = Callable[[], Awaitable[None] | None]
 
 
@@ -134,13 +155,12 @@ class _Output:
 
     def since(self, offset: int) -> bytes:
         """The kept bytes from ``offset`` (at least ``base``) on."""
-        data = b"".join(self.chunks)
-        return data[max(0, offset - self.base) :]
+        return _tail(self.chunks, self.base, offset)
 
 
 @dataclass(slots=True, eq=False, repr=False)
 class Request:
-    """One call known by its request id, running or finished: the one record the table keeps.
+    """One call known by its request id while it runs (finished, it is kept as :data:`Finished`).
 
     It is also the :class:`~execd.context.CallContext` its handler runs with:
     output goes through it into the request's own buffers (and on to the call
@@ -236,7 +256,7 @@ class RequestTable:
         self.detached_cap = 2 * limits.output_cap
         self._running: dict[bytes, Request] = {}
         # rid -> (bytes it costs, the request or its compact outcome)
-        self._finished: collections.OrderedDict[bytes, tuple[int, Request | Kept]] = (
+        self._finished: collections.OrderedDict[bytes, tuple[int, Finished]] = (
             collections.OrderedDict()
         )
         self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -248,6 +268,11 @@ class RequestTable:
         self._virtual_running: dict[int, int] = {}
         self._virtual_callbacks: dict[int, list[Callback]] = {}
         self._closed_connections: set[int] = set()
+        # Per connection: the ids of finished requests answered on it whose kept output
+        # waits for proof of receipt, and those the ping in flight covers (with its seq).
+        # Ids, not requests: an evicted request is not held on to by these lists.
+        self._unproved: dict[int, list[bytes]] = {}
+        self._pinged: dict[int, tuple[int, list[bytes]]] = {}
         self.kept_bytes = 0
         self.evictions = 0
         #: Closes a connection by its id (set by the server).
@@ -297,6 +322,9 @@ class RequestTable:
         """
         survivors: list[int] = []
         loop = asyncio.get_running_loop()
+        # No receipt will come: what waited for one stays kept for an attach.
+        self._unproved.pop(connection_id, None)
+        self._pinged.pop(connection_id, None)
         if -connection_id in self._virtual_running:
             self._closed_connections.add(connection_id)
         elif -connection_id in self._virtual_callbacks:
@@ -341,7 +369,7 @@ class RequestTable:
 
     # -- running a tracked call --------------------------------------------------------
 
-    def _lookup(self, rid: bytes) -> Request | Kept | None:
+    def _lookup(self, rid: bytes) -> Request | Finished | None:
         req = self._running.get(rid)
         if req is not None:
             return req
@@ -353,7 +381,7 @@ class RequestTable:
         found = self._lookup(rid)
         if found is None:
             raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
-        return await self._attach(found, ctx, {})
+        return await self._attach(rid, found, ctx, {})
 
     def started(self, req: Request, ctx: CallContext) -> Request:
         """The original call of ``req`` starts with ``ctx``; the context its handler gets."""
@@ -370,6 +398,7 @@ class RequestTable:
 
     def finish(self, req: Request, outcome: Outcome) -> None:
         """``req`` has its outcome: keep it in the retention window."""
+        answered_on = req.bound_to[0] if req.sink is not None and req.bound_to else None
         req.outcome = outcome
         req.task = None
         req.sink = None
@@ -389,19 +418,68 @@ class RequestTable:
             del self._virtual_running[virtual]
             if -virtual in self._closed_connections:
                 self._virtual_closed(virtual)
-        entry: Request | Kept
-        if req.streams:
-            entry = req
-            size = sum(out.size for out in req.streams.values())
-        else:
-            entry = _compact(outcome)
-            size = 0
-        size += ENTRY_OVERHEAD + (
-            len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome)
+        streams = tuple(
+            (name, out.base, tuple(out.chunks), out.ended)
+            for name, out in sorted(req.streams.items())
         )
-        self._finished[req.rid] = (size, entry)
+        output = sum(out.size for out in req.streams.values())
+        size = (
+            output
+            + ENTRY_OVERHEAD
+            + (len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome))
+        )
+        self._finished[req.rid] = (size, (_compact(outcome), streams))
         self.kept_bytes += size
+        if answered_on is not None:
+            self._await_receipt(req.rid, output, answered_on)
         self._evict()
+
+    # -- proof of receipt --------------------------------------------------------------
+
+    def _await_receipt(self, rid: bytes, output: int, connection_id: int) -> None:
+        """Request ``rid`` (``output`` bytes kept) is answered on ``connection_id``: let its
+        output go once received there."""
+        if output >= RECEIPT_MIN:
+            waiting = self._unproved.setdefault(connection_id, [])
+            waiting.append(rid)
+            if len(waiting) > self.max_count:
+                # A peer that leaves pings unanswered: the oldest wait for eviction instead.
+                del waiting[0]
+
+    def ping_due(self, connection_id: int) -> bool:
+        """Whether the server should ping ``connection_id`` now (see :meth:`pinged`)."""
+        return connection_id in self._unproved and connection_id not in self._pinged
+
+    def pinged(self, connection_id: int, seq: int) -> None:
+        """The server sent ``ping(seq)`` on ``connection_id``, after every answer so far."""
+        waiting = self._unproved.pop(connection_id, None)
+        if waiting:
+            self._pinged[connection_id] = (seq, waiting)
+
+    def received(self, connection_id: int, seq: int) -> bool:
+        """``pong(seq)`` came on ``connection_id``; True when another ping is due.
+
+        The peer received every frame sent before that ping: the kept output
+        of the requests answered before it goes (their outcomes stay).
+        """
+        pinged = self._pinged.get(connection_id)
+        if pinged is None or pinged[0] != seq:
+            return False  # not ours, or not the latest
+        del self._pinged[connection_id]
+        finished = self._finished
+        for rid in pinged[1]:
+            kept = finished.get(rid)
+            if kept is None:
+                continue  # evicted meanwhile
+            size, (outcome, streams) = kept
+            released = _output_size(streams)
+            left = tuple(
+                (name, base + sum(map(len, chunks)), (), ended)
+                for name, base, chunks, ended in streams
+            )
+            finished[rid] = (size - released, (outcome, left))
+            self.kept_bytes -= released
+        return connection_id in self._unproved
 
     def _evict(self) -> None:
         finished = self._finished
@@ -434,13 +512,20 @@ class RequestTable:
             reason: api.NotKnownReason = "evicted" if params.rid in self._evicted else "unknown"
             seen = params.sent_on is not None and params.sent_on in self._nonces
             raise self._not_known(params.rid, reason, seen=seen and reason == "unknown")
-        return await self._attach(found, ctx, params.offsets)
+        return await self._attach(params.rid, found, ctx, params.offsets)
 
     async def _attach(
-        self, found: Request | Kept, ctx: CallContext, offsets: dict[str, int]
+        self, rid: bytes, found: Request | Finished, ctx: CallContext, offsets: dict[str, int]
     ) -> msgspec.Raw:
         if isinstance(found, tuple):
-            return _expand(found)  # nothing to replay
+            kept, streams = found
+            _check_offsets([(name, base) for name, base, _, _ in streams], offsets)
+            for name, base, chunks, ended in streams:
+                data = _tail(chunks, base, offsets.get(name, 0))
+                if data or ended:
+                    await ctx.send(name, data, end=ended)
+            self._await_receipt(rid, _output_size(streams), ctx.connection_id)
+            return _expand(kept)
         req = found
         bound = req.bound_to
         if bound is not None:
@@ -453,13 +538,7 @@ class RequestTable:
             # The client gave that connection up: close it, and the request moves here.
             self.abort_connection(bound[0])
             self._unbind(req)
-        for name, offset in offsets.items():
-            out = req.streams.get(name)
-            if out is not None and offset < out.base:
-                raise StreamError(
-                    f"output of stream {name!r} before byte {out.base} is no longer kept",
-                    {"stream": name, "offset": offset, "kept_from": out.base},
-                )
+        _check_offsets([(name, out.base) for name, out in req.streams.items()], offsets)
         try:
             await self._replay(req, ctx, offsets)
             if req.outcome is None:
@@ -474,9 +553,8 @@ class RequestTable:
         finally:
             if req.sink is ctx:
                 self._unbind(req)
-        outcome = req.outcome
-        assert outcome is not None
-        return _expand(_compact(outcome))
+        assert req.outcome is not None
+        return _expand(_compact(req.outcome))
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
@@ -521,6 +599,30 @@ class RequestTable:
         what = "was evicted from the retention window" if reason == "evicted" else "is not known"
         data = api.NotKnown(reason=reason, rid=rid.hex(), seen=seen)
         return RequestNotKnown(f"request {rid.hex()} {what}", msgspec.to_builtins(data))
+
+
+def _tail(chunks: Iterable[bytes], base: int, offset: int) -> bytes:
+    """Of the kept ``chunks`` (from byte ``base`` of a stream), the bytes from ``offset`` on."""
+    data = b"".join(chunks)
+    return data[max(0, offset - base) :]
+
+
+def _output_size(streams: tuple[KeptStream, ...]) -> int:
+    return sum(len(chunk) for _, _, chunks, _ in streams for chunk in chunks)
+
+
+def _check_offsets(bases: list[tuple[str, int]], offsets: dict[str, int]) -> None:
+    """STREAM_ERROR when the client asks for a stream's bytes from before its first kept byte.
+
+    A stream the client names no offset for is asked for from its start.
+    """
+    for name, base in bases:
+        offset = offsets.get(name, 0)
+        if offset < base:
+            raise StreamError(
+                f"output of stream {name!r} before byte {base} is no longer kept",
+                {"stream": name, "offset": offset, "kept_from": base},
+            )
 
 
 def _compact(outcome: Outcome) -> Kept:

@@ -69,7 +69,7 @@ from protocol.bridge import FramedProtocol
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
 from protocol.connection import ConnectionEvent, HandshakeComplete, ServerConnection
 from protocol.errors import ErrorCode, LocalProtocolError
-from protocol.messages import Abort, Call, Cancel, Error, Event, Reply
+from protocol.messages import Abort, Call, Cancel, Error, Event, Ping, Pong, Reply
 
 log = logging.getLogger("execd.server")
 
@@ -147,6 +147,7 @@ class ServerProtocol(FramedProtocol):
         self._close_callbacks: list[Callable[[], Awaitable[None] | None]] = []
         self._deadline: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self._pings = 0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -220,8 +221,20 @@ class ServerProtocol(FramedProtocol):
                 self._deadline = None
             self.server.authenticated(self)
             self.server.requests.connection_opened(self.conn.server_nonce)
+        elif isinstance(event, Pong):
+            if self.server.requests.received(self.connection_id, event.seq):
+                self._ping()
         elif isinstance(event, Abort):
             self.abort(None)
+
+    def _ping(self) -> None:
+        """Ping, so that the pong proves receipt of the answers sent so far (execd.requests)."""
+        self._pings += 1
+        try:
+            self.send(Ping(seq=self._pings))
+        except ConnectionLost:
+            return
+        self.server.requests.pinged(self.connection_id, self._pings)
 
     def _cancelled(self, call_id: int, task: asyncio.Task[None]) -> None:
         if self._tasks.get(call_id) is task:
@@ -296,6 +309,8 @@ class ServerProtocol(FramedProtocol):
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()
+            if not self.closed and table.ping_due(self.connection_id):
+                self._ping()
 
     def _reply(self, call_id: int, method: Method, payload: msgspec.Raw) -> None:
         budget = self.max_result

@@ -259,3 +259,70 @@ async def test_a_streamed_read_resumes_from_the_clients_offset(
     await clients.reconnect(client)
     assert await read == payload
     assert proxy.cuts == 1
+
+
+async def _read_streamed(client: ExecdClient, path: Path) -> tuple[bytes, bytes, object]:
+    """A streamed ``files.read`` of ``path``: its request id, the bytes and the result."""
+    handle = client.start("files.read", {"path": str(path), "stream": True})
+    rid = handle.request_id
+    assert rid is not None
+    data = b"".join([chunk async for chunk in handle.stream("data")])
+    return rid, data, await handle.result()
+
+
+async def test_a_finished_reads_output_is_let_go_once_received_and_its_outcome_stays(
+    client: ExecdClient, tmp_path: Path
+) -> None:
+    payload = os.urandom(1024 * 1024)
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    rid, data, result = await _read_streamed(client, source)
+    assert data == payload
+    gone = {"stream": "data", "offset": 0, "kept_from": len(payload)}
+
+    async def let_go() -> bool:
+        # The client's pong proved receipt: the bytes are no longer kept.
+        try:
+            await client.reattach(rid).result()
+        except harnessd.StreamError as exc:
+            return bool(exc.data == gone)
+        return False
+
+    await eventually(let_go, what="the read's output let go")
+    # The outcome stays: an attach from the end of the stream gets it again.
+    again = client.reattach(rid, {"data": len(payload)})
+    assert [chunk async for chunk in again.stream("data")] == []
+    assert await again.result() == result
+
+
+@pytest.mark.execd_args("--request-retention-bytes", str(4 * 1024 * 1024))
+async def test_many_large_reads_keep_their_outcomes_within_a_small_byte_bound(
+    client: ExecdClient, tmp_path: Path
+) -> None:
+    # Twelve 1 MiB reads under a 4 MiB bound: their output, once received, does not count
+    # against the bound, so the first outcome is still kept (it would be evicted if every
+    # read's bytes stayed pinned).
+    payload = os.urandom(1024 * 1024)
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    reads = [await _read_streamed(client, source) for _ in range(12)]
+    assert all(data == payload for _, data, _ in reads)
+    rid, _, result = reads[0]
+    assert await client.reattach(rid, {"data": len(payload)}).result() == result
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_a_read_cut_after_it_finished_replays_what_the_client_missed(
+    clients: Clients, proxy: CutProxy, tmp_path: Path
+) -> None:
+    # The whole read (and its answer) leaves execd before the cut drops part of it:
+    # without a pong nothing proves receipt, so the bytes are still kept.
+    payload = os.urandom(2 * 1024 * 1024)
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    client = await clients.connect()
+    proxy.cut_after("down", 1024 * 1024)
+    read = asyncio.ensure_future(client.read_file(str(source)))
+    await clients.reconnect(client)
+    assert await read == payload
+    assert proxy.cuts == 1
