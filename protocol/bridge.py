@@ -176,8 +176,6 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self, conn: Connection, *, max_inbound_buffer: int = DEFAULT_MAX_INBOUND_BUFFER
     ) -> None:
         self.conn = conn
-        #: Large chunks of immutable data go out as SplicedFrames: written, not copied.
-        conn.splice = True
         self.transport: asyncio.Transport | None = None
         self.max_inbound_buffer = max_inbound_buffer
         #: call id -> stream name -> its record; a call's entry goes when it finishes.
@@ -320,7 +318,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.closed:
             raise self.closed_error()
         try:
-            frame = self.conn.send(message)
+            # Large chunks of immutable data go out as SplicedFrames: written, not copied.
+            frame = self.conn.send(message, splice=True)
         except LocalProtocolError:
             if self.conn.state is State.CLOSED:
                 raise self.closed_error() from None

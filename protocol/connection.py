@@ -49,7 +49,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, overload
 
 from protocol import limits
 from protocol.aead import FrameOpener, FrameSealer
@@ -126,22 +126,20 @@ _Sender = Callable[[Any, Any], Frame]
 _Receiver = Callable[[Any, Any, list[ConnectionEvent]], None]
 
 
+@dataclass(slots=True)
 class _Stream:
     """The books of one stream name of one call, in both directions."""
 
-    __slots__ = ("in_ended", "in_left", "in_seq", "out_credit", "out_ended", "out_seq")
-
-    def __init__(self, out_credit: int, in_left: int) -> None:
-        #: Data bytes this side may still send: the peer's window plus its grants.
-        self.out_credit = out_credit
-        #: The seq of this side's next chunk (0 until it first sends).
-        self.out_seq = 0
-        self.out_ended = False
-        #: Data bytes the peer may still send: this side's window plus its grants.
-        self.in_left = in_left
-        #: The seq the peer's next chunk must carry (0 until it first sends).
-        self.in_seq = 0
-        self.in_ended = False
+    #: Data bytes this side may still send: the peer's window plus its grants.
+    out_credit: int
+    #: Data bytes the peer may still send: this side's window plus its grants.
+    in_left: int
+    #: The seq of this side's next chunk (0 until it first sends).
+    out_seq: int = 0
+    out_ended: bool = False
+    #: The seq the peer's next chunk must carry (0 until it first sends).
+    in_seq: int = 0
+    in_ended: bool = False
 
 
 #: The record of one call in flight: its streams by name.
@@ -179,8 +177,6 @@ class Connection:
         self._outbox = bytearray()
         self._seal: Callable[[bytes, bytes], bytes] | None = None
         self._opener: FrameOpener | None = None
-        #: Whether large chunks may be framed as a SplicedFrame (a glue that writes them sets it).
-        self.splice = False
         #: Calls in flight (sent and unanswered on a client, received and unanswered on a server).
         self._calls: dict[int, _Call] = {}
         self._negotiated: Negotiated | None = None
@@ -208,8 +204,6 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Bytes the machine produced on its own since the last call."""
-        if not self._outbox:
-            return b""
         out = bytes(self._outbox)
         self._outbox.clear()
         return out
@@ -217,8 +211,7 @@ class Connection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[ConnectionEvent]:
         """Feed received bytes; return the events they complete.
 
-        Raises RemoteProtocolError on any violation; the state is then CLOSED and the
-        outbox holds an Abort frame.
+        Raises RemoteProtocolError on any violation (then CLOSED, an Abort frame in the outbox).
         """
         if self.state is State.CLOSED:
             return []
@@ -243,13 +236,18 @@ class Connection:
         self._reader.buffer_updated(nbytes)
         return self._process()
 
-    def send(self, message: Message) -> Frame:
+    @overload
+    def send(self, message: Message, *, splice: Literal[False] = False) -> bytes | bytearray: ...
+    @overload
+    def send(self, message: Message, *, splice: bool) -> Frame: ...
+    def send(self, message: Message, *, splice: bool = False) -> Frame:
         """The framed (and, once negotiated, sealed) bytes of ``message``.
 
         Raises LocalProtocolError when the message is not allowed now (see
         :mod:`protocol.states`), and FlowControlBlocked when a chunk exceeds
         the granted credit. A message that cannot be sent leaves no trace in
-        the books: each sender checks, frames, and only then commits.
+        the books: each sender checks, frames, and only then commits. ``splice``: a
+        large plaintext chunk of immutable data may come back as a SplicedFrame.
         """
         sender = self._senders.get(type(message))
         if sender is None or self.state is not State.OPEN:
@@ -257,6 +255,8 @@ class Connection:
                 f"a {self.role.value} cannot send {type(message).__name__} in state "
                 f"{self.state.value}"
             )
+        if splice and type(message) is Chunk:
+            return self._send_chunk(message, splice=True)
         return sender(self, message)
 
     def in_flight(self, call_id: int) -> bool:
@@ -277,7 +277,7 @@ class Connection:
             return self.peer_window
         return entry.out_credit
 
-    def grant(self, call_id: int, stream: str, nbytes: int) -> Frame:
+    def grant(self, call_id: int, stream: str, nbytes: int) -> bytes | bytearray:
         """Let the peer send ``nbytes`` more on a stream whose data was consumed.
 
         Returns the Credit frame to send, or empty bytes when the stream has
@@ -404,7 +404,7 @@ class Connection:
     def _frame(self, message: Message) -> bytes | bytearray:
         return encode_frame(ENCODER, message, self.peer_max_frame, self._seal)
 
-    def _send_chunk(self, chunk: Chunk) -> Frame:
+    def _send_chunk(self, chunk: Chunk, splice: bool = False) -> Frame:
         call = self._calls.get(chunk.id)
         if call is None:
             raise LocalProtocolError(f"no call {chunk.id} in flight for this chunk")
@@ -423,7 +423,7 @@ class Connection:
             )
         if size > self.max_chunk:
             raise LocalProtocolError(f"chunk of {size} bytes exceeds max_chunk {self.max_chunk}")
-        frame = encode_chunk(ENCODER, chunk, self.peer_max_frame, self._seal, self.splice)
+        frame = encode_chunk(ENCODER, chunk, self.peer_max_frame, self._seal, splice)
         call[chunk.stream] = entry
         entry.out_seq += 1
         entry.out_credit -= size
