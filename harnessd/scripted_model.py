@@ -14,12 +14,9 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
-
-if TYPE_CHECKING:
-    pass
 
 from harnessd.models import (
     AssistantTurn,
