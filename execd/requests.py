@@ -418,11 +418,14 @@ class RequestTable:
             del self._virtual_running[virtual]
             if -virtual in self._closed_connections:
                 self._virtual_closed(virtual)
-        streams = tuple(
-            (name, out.base, tuple(out.chunks), out.ended)
-            for name, out in sorted(req.streams.items())
-        )
-        output = sum(out.size for out in req.streams.values())
+        streams: tuple[KeptStream, ...] = ()
+        output = 0
+        if req.streams:  # most calls have none: spare them the generators
+            streams = tuple(
+                (name, out.base, tuple(out.chunks), out.ended)
+                for name, out in sorted(req.streams.items())
+            )
+            output = sum(out.size for out in req.streams.values())
         size = (
             output
             + ENTRY_OVERHEAD
@@ -430,7 +433,7 @@ class RequestTable:
         )
         self._finished[req.rid] = (size, (_compact(outcome), streams))
         self.kept_bytes += size
-        if answered_on is not None:
+        if answered_on is not None and output >= RECEIPT_MIN:
             self._await_receipt(req.rid, output, answered_on)
         self._evict()
 
