@@ -502,8 +502,11 @@ def test_a_lease_needs_keepalive_pings() -> None:
     serve(lease=None, keepalive=None)  # no lease, no pings: allowed
 
 
-# Keeps a copy of the token file, then starts execd with the copy once the file
-# $GATE exists: a worker that announces only after its launch was given up.
+# Keeps a copy of the token file, then runs execd with the copy once the file $GATE
+# exists: a worker that announces only after its launch was given up. Python and
+# execd's modules load before the gate, so the announcement follows the gate at once
+# (the launch waits a few seconds for a late worker; a Python start on a loaded
+# machine could take longer).
 _SLOW_START = """
 kept=""
 prev=""
@@ -511,8 +514,13 @@ for arg in "$@"; do
     if [ "$prev" = --token-file ]; then kept="$arg.kept"; cp "$arg" "$kept"; fi
     prev=$arg
 done
-while [ ! -e "$GATE" ]; do sleep 0.01; done
-exec "$PYTHON" -m execd "$@" --token-file "$kept"
+exec "$PYTHON" -c '
+import os, runpy, sys, time
+import execd.__main__
+while not os.path.exists(os.environ["GATE"]):
+    time.sleep(0.01)
+runpy.run_module("execd", run_name="__main__", alter_sys=True)
+' "$@" --token-file "$kept"
 """
 
 
