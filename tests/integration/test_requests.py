@@ -250,15 +250,21 @@ async def test_a_streamed_write_cut_at_half_completes_once_or_leaves_nothing_tor
 async def test_a_streamed_read_resumes_from_the_clients_offset(
     clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
-    payload = os.urandom(24 * 1024 * 1024)
-    source = tmp_path / "src.bin"
-    source.write_bytes(payload)
+    source, payload = _source_file(tmp_path, 24 * 1024 * 1024)
     client = await clients.connect()
     proxy.cut_after("down", 9 * 1024 * 1024)
     read = asyncio.ensure_future(client.read_file(str(source)))
     await clients.reconnect(client)
     assert await read == payload
     assert proxy.cuts == 1
+
+
+def _source_file(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    """A file of ``size`` random bytes in ``tmp_path``, and its content."""
+    payload = os.urandom(size)
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    return source, payload
 
 
 async def _read_streamed(client: ExecdClient, path: Path) -> tuple[bytes, bytes, object]:
@@ -273,9 +279,7 @@ async def _read_streamed(client: ExecdClient, path: Path) -> tuple[bytes, bytes,
 async def test_a_finished_reads_output_is_let_go_once_received_and_its_outcome_stays(
     client: ExecdClient, tmp_path: Path
 ) -> None:
-    payload = os.urandom(1024 * 1024)
-    source = tmp_path / "src.bin"
-    source.write_bytes(payload)
+    source, payload = _source_file(tmp_path, 1024 * 1024)
     rid, data, result = await _read_streamed(client, source)
     assert data == payload
     gone = {"stream": "data", "offset": 0, "kept_from": len(payload)}
@@ -302,9 +306,7 @@ async def test_many_large_reads_keep_their_outcomes_within_a_small_byte_bound(
     # Twelve 1 MiB reads under a 4 MiB bound: their output, once received, does not count
     # against the bound, so the first outcome is still kept (it would be evicted if every
     # read's bytes stayed pinned).
-    payload = os.urandom(1024 * 1024)
-    source = tmp_path / "src.bin"
-    source.write_bytes(payload)
+    source, payload = _source_file(tmp_path, 1024 * 1024)
     reads = [await _read_streamed(client, source) for _ in range(12)]
     assert all(data == payload for _, data, _ in reads)
     rid, _, result = reads[0]
@@ -317,9 +319,7 @@ async def test_a_read_cut_after_it_finished_replays_what_the_client_missed(
 ) -> None:
     # The whole read (and its answer) leaves execd before the cut drops part of it:
     # without a pong nothing proves receipt, so the bytes are still kept.
-    payload = os.urandom(2 * 1024 * 1024)
-    source = tmp_path / "src.bin"
-    source.write_bytes(payload)
+    source, payload = _source_file(tmp_path, 2 * 1024 * 1024)
     client = await clients.connect()
     proxy.cut_after("down", 1024 * 1024)
     read = asyncio.ensure_future(client.read_file(str(source)))
