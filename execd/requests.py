@@ -173,10 +173,10 @@ class Request:
     origin_connection: int
     call_id: int
     virtual_id: int
+    #: (connection id, call id) of the call that gets the answer; None while unbound.
+    bound_to: tuple[int, int] | None
     #: The original call's context, once its task has started.
     origin: CallContext | None = field(default=None, init=False)
-    #: (connection id, call id) of the call that gets the answer; None while unbound.
-    bound_to: tuple[int, int] | None = field(init=False)
     #: That call's context (None until it has started).
     sink: CallContext | None = field(default=None, init=False)
     task: asyncio.Task[Any] | None = field(default=None, init=False)
@@ -186,9 +186,6 @@ class Request:
     streams: dict[str, _Output] = field(default_factory=dict, init=False)
     grace: asyncio.TimerHandle | None = field(default=None, init=False)
     lost: bool = field(default=False, init=False)
-
-    def __post_init__(self) -> None:
-        self.bound_to = (self.origin_connection, self.call_id)
 
     def output(self, stream: str) -> _Output:
         out = self.streams.get(stream)
@@ -298,7 +295,9 @@ class RequestTable:
             return method, None
         if rid in self._running or rid in self._finished or rid in self._evicted:
             return Method(method.rpc, functools.partial(self._again, rid)), None
-        req = Request(self, rid, method.name, connection_id, call_id, -connection_id)
+        req = Request(
+            self, rid, method.name, connection_id, call_id, -connection_id, (connection_id, call_id)
+        )
         virtual = self._virtual_running
         virtual[-connection_id] = virtual.get(-connection_id, 0) + 1
         self._running[rid] = req

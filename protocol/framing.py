@@ -209,11 +209,8 @@ def frame_header(length: int) -> bytes:
     return _HEADER.pack(length)
 
 
-def _check_length(length: int, max_frame: int) -> None:
-    if length > max_frame:
-        raise LocalProtocolError(
-            f"frame body of {length} bytes exceeds the peer's cap of {max_frame}"
-        )
+def _too_large(length: int, max_frame: int) -> LocalProtocolError:
+    return LocalProtocolError(f"frame body of {length} bytes exceeds the peer's cap of {max_frame}")
 
 
 def encode_frame(
@@ -236,7 +233,8 @@ def encode_frame(
     else:
         body = encoder.encode(message)
         length = len(body) + limits.AEAD_TAG_SIZE
-    _check_length(length, max_frame)
+    if length > max_frame:
+        raise _too_large(length, max_frame)
     if seal is None:
         _HEADER.pack_into(buf, 0, length)
         return buf
@@ -293,5 +291,6 @@ def encode_chunk(
     # The data's header is the last one: only fields after the data (small) follow it.
     cut = fields.rindex(marker) + len(marker)
     length = len(fields) + len(data)
-    _check_length(length, max_frame)
+    if length > max_frame:
+        raise _too_large(length, max_frame)
     return SplicedFrame(_HEADER.pack(length) + fields[:cut], data, fields[cut:])
