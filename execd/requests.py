@@ -265,10 +265,11 @@ class RequestTable:
         self._virtual_running: dict[int, int] = {}
         self._virtual_callbacks: dict[int, list[Callback]] = {}
         self._closed_connections: set[int] = set()
-        # Per connection: the ids of finished requests answered on it whose kept output
-        # waits for proof of receipt, and those the ping in flight covers (with its seq).
-        # Ids, not requests: an evicted request is not held on to by these lists.
-        self._unproved: dict[int, list[bytes]] = {}
+        #: Per connection: the ids of finished requests answered on it whose kept output
+        #: waits for proof of receipt (empty, the server need not ask :meth:`ping_due`).
+        #: Ids, not requests: an evicted request is not held on to by these lists.
+        self.unproved: dict[int, list[bytes]] = {}
+        # Per connection: the ids the ping in flight covers, with its seq.
         self._pinged: dict[int, tuple[int, list[bytes]]] = {}
         self.kept_bytes = 0
         self.evictions = 0
@@ -322,7 +323,7 @@ class RequestTable:
         survivors: list[int] = []
         loop = asyncio.get_running_loop()
         # No receipt will come: what waited for one stays kept for an attach.
-        self._unproved.pop(connection_id, None)
+        self.unproved.pop(connection_id, None)
         self._pinged.pop(connection_id, None)
         if -connection_id in self._virtual_running:
             self._closed_connections.add(connection_id)
@@ -397,24 +398,24 @@ class RequestTable:
 
     def finish(self, req: Request, outcome: Outcome) -> None:
         """``req`` has its outcome: keep it in the retention window."""
-        answered_on = req.bound_to[0] if req.sink is not None and req.bound_to else None
+        bound = req.bound_to
+        answered_on = bound[0] if bound is not None and req.sink is not None else None
         req.outcome = outcome
-        req.task = None
-        req.sink = None
-        req.bound_to = None
-        req.origin = None
+        req.task = req.sink = req.bound_to = req.origin = None
         if req.grace is not None:
             req.grace.cancel()
             req.grace = None
-        self._running.pop(req.rid, None)
+        rid = req.rid
+        self._running.pop(rid, None)
         if req.done is not None and not req.done.done():
             req.done.set_result(None)
         virtual = req.virtual_id
-        left = self._virtual_running[virtual] - 1
+        running = self._virtual_running
+        left = running[virtual] - 1
         if left:
-            self._virtual_running[virtual] = left
+            running[virtual] = left
         else:
-            del self._virtual_running[virtual]
+            del running[virtual]
             if -virtual in self._closed_connections:
                 self._virtual_closed(virtual)
         streams: tuple[KeptStream, ...] = ()
@@ -425,16 +426,20 @@ class RequestTable:
                 for name, out in sorted(req.streams.items())
             )
             output = sum(out.size for out in req.streams.values())
-        size = (
-            output
-            + ENTRY_OVERHEAD
-            + (len(outcome.message) + 64 if isinstance(outcome, ExecdError) else len(outcome))
-        )
-        self._finished[req.rid] = (size, (_compact(outcome), streams))
+        kept: Kept
+        if isinstance(outcome, ExecdError):
+            size = output + ENTRY_OVERHEAD + len(outcome.message) + 64
+            kept = _compact(outcome)
+        else:
+            size = output + ENTRY_OVERHEAD + len(outcome)
+            kept = (outcome, 0, "", b"")  # as _compact() keeps a result
+        finished = self._finished
+        finished[rid] = (size, (kept, streams))
         self.kept_bytes += size
         if answered_on is not None and output >= RECEIPT_MIN:
-            self._await_receipt(req.rid, output, answered_on)
-        self._evict()
+            self._await_receipt(rid, output, answered_on)
+        if len(finished) > self.max_count or self.kept_bytes > self.max_bytes:
+            self._evict()
 
     # -- proof of receipt --------------------------------------------------------------
 
@@ -442,7 +447,7 @@ class RequestTable:
         """Request ``rid`` (``output`` bytes kept) is answered on ``connection_id``: let its
         output go once received there."""
         if output >= RECEIPT_MIN:
-            waiting = self._unproved.setdefault(connection_id, [])
+            waiting = self.unproved.setdefault(connection_id, [])
             waiting.append(rid)
             if len(waiting) > self.max_count:
                 # A peer that leaves pings unanswered: the oldest wait for eviction instead.
@@ -450,11 +455,11 @@ class RequestTable:
 
     def ping_due(self, connection_id: int) -> bool:
         """Whether the server should ping ``connection_id`` now (see :meth:`pinged`)."""
-        return connection_id in self._unproved and connection_id not in self._pinged
+        return connection_id in self.unproved and connection_id not in self._pinged
 
     def pinged(self, connection_id: int, seq: int) -> None:
         """The server sent ``ping(seq)`` on ``connection_id``, after every answer so far."""
-        waiting = self._unproved.pop(connection_id, None)
+        waiting = self.unproved.pop(connection_id, None)
         if waiting:
             self._pinged[connection_id] = (seq, waiting)
 
@@ -481,17 +486,19 @@ class RequestTable:
             )
             finished[rid] = (size - released, (outcome, left))
             self.kept_bytes -= released
-        return connection_id in self._unproved
+        return connection_id in self.unproved
 
     def _evict(self) -> None:
-        finished = self._finished
-        while finished and (len(finished) > self.max_count or self.kept_bytes > self.max_bytes):
+        finished, evicted = self._finished, self._evicted
+        max_count, max_bytes = self.max_count, self.max_bytes
+        remembered = EVICTED_MEMORY * max_count
+        while finished and (len(finished) > max_count or self.kept_bytes > max_bytes):
             rid, (size, _) = finished.popitem(last=False)
             self.kept_bytes -= size
             self.evictions += 1
-            self._evicted[rid] = None
-            if len(self._evicted) > EVICTED_MEMORY * self.max_count:
-                self._evicted.popitem(last=False)
+            evicted[rid] = None
+            if len(evicted) > remembered:
+                evicted.popitem(last=False)
 
     def _expire(self, req: Request) -> None:
         req.grace = None

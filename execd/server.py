@@ -309,7 +309,7 @@ class ServerProtocol(FramedProtocol):
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()
-            if not self.closed and table.ping_due(self.connection_id):
+            if table.unproved and not self.closed and table.ping_due(self.connection_id):
                 self._ping()
 
     def _reply(self, call_id: int, method: Method, payload: msgspec.Raw) -> None:

@@ -62,17 +62,6 @@ MIN_STREAM_CHUNK: Final = 64 * 1024
 HOLD_MAX: Final = 64 * 1024
 
 
-def _parts(frames: list[Frame]) -> list[bytes | bytearray | memoryview]:
-    """The buffers to write for ``frames``, in order (a SplicedFrame's parts in its place)."""
-    parts: list[bytes | bytearray | memoryview] = []
-    for frame in frames:
-        if type(frame) is SplicedFrame:
-            parts += frame.parts
-        else:
-            parts.append(cast(bytes, frame))
-    return parts
-
-
 class Stream:
     """One ``(call id, stream name)`` on the glue's side: inbound buffer and credit waiter."""
 
@@ -185,8 +174,9 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.closed = False
         self.close_reason: BaseException | None = None
-        #: Small frames held to be written together (see :meth:`_put`); None: write at once.
-        self._held: list[Frame] | None = None
+        #: The buffers of small frames held to be written together (see :meth:`_put`), a
+        #: SplicedFrame's parts in its place; None: write at once.
+        self._held: list[bytes | bytearray | memoryview] | None = None
         self._hold_loop: asyncio.AbstractEventLoop | None = None
         #: ``time.monotonic()`` of the latest bytes received.
         self.last_received = time.monotonic()
@@ -215,20 +205,19 @@ class FramedProtocol(asyncio.BufferedProtocol):
         out = self.conn.data_to_send()
         # What is sent while the events are handled goes out in one write after them.
         outer = self._held
-        held: list[Frame] = outer if outer is not None else []
+        held = outer if outer is not None else []
         if out:
             held.append(out)
         self._held = held
         try:
             for event in events:
-                kind = type(event)
-                if kind is Chunk:
-                    self._on_chunk(cast(Chunk, event))
-                elif kind is Credit:
-                    self._on_credit(cast(Credit, event))
+                if type(event) is Chunk:
+                    self._on_chunk(event)
+                elif type(event) is Credit:
+                    self._on_credit(event)
                 else:
-                    if kind is Reply or kind is Error:
-                        self.drop_streams(cast(Reply | Error, event).id)
+                    if self._streams and (type(event) is Reply or type(event) is Error):
+                        self.drop_streams(event.id)
                     self.handle_event(event)
                 if self.closed:
                     return
@@ -252,10 +241,14 @@ class FramedProtocol(asyncio.BufferedProtocol):
             if type(frame) is SplicedFrame:
                 transport.writelines(frame.parts)
             else:
-                transport.write(cast(bytes, frame))
+                transport.write(frame)
             if self._hold_loop is not None:
                 self._held = []
                 self._hold_loop.call_soon(self._release_held)
+        elif type(frame) is SplicedFrame:
+            held += frame.parts
+            self._write_held(held)
+            held.clear()
         else:
             held.append(frame)
             if len(frame) >= HOLD_MAX:
@@ -268,13 +261,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if held:
             self._write_held(held)
 
-    def _write_held(self, held: list[Frame]) -> None:
+    def _write_held(self, held: list[bytes | bytearray | memoryview]) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if len(held) == 1 and type(held[0]) is not SplicedFrame:
-                transport.write(cast(bytes, held[0]))
+            if len(held) == 1:
+                transport.write(held[0])
             else:
-                transport.writelines(_parts(held))
+                transport.writelines(held)
 
     def eof_received(self) -> bool | None:
         return False
@@ -328,9 +321,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if transport is None:
             raise self.closed_error()
         self._put(transport, frame)
-        kind = type(message)
-        if kind is Reply or kind is Error:
-            self.drop_streams(cast(Reply | Error, message).id)
+        if self._streams and (type(message) is Reply or type(message) is Error):
+            self.drop_streams(message.id)
 
     def _write(self, frame: Frame) -> None:
         transport = self.transport

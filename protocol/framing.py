@@ -42,7 +42,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Final, final
 
 import msgspec
 
@@ -242,6 +242,7 @@ def encode_frame(
     return header + seal(header, body)
 
 
+@final
 class SplicedFrame:
     """A frame in three parts: header and fields before the data, the data, the fields after.
 
