@@ -102,9 +102,9 @@ class MethodTable(dict[str, Method]):
 
     Importing and building every capability up front cost execd's cold start
     about a fifth of its time (``python -X importtime``), before it could
-    listen; most sessions use a few of them. ``get`` (what the server looks
-    methods up with) builds the capability that a missing ``<name>.*``
-    belongs to, then answers from the table like any other lookup.
+    listen; most sessions use a few of them. A lookup (``table[name]``, what
+    the server does, or ``get``) of a missing ``<name>.*`` builds the
+    capability it belongs to, then answers from the table like any other.
     """
 
     def __init__(self, build: Callable[[str], Capability]) -> None:
@@ -134,14 +134,18 @@ class MethodTable(dict[str, Method]):
         for name in CAPABILITIES:
             self.load(name)
 
+    def __missing__(self, key: str) -> Method:
+        prefix, dot, _ = key.partition(".")
+        if dot and prefix in CAPABILITIES and prefix not in self.built:
+            self.load(prefix)
+            return self[key]
+        raise KeyError(key)
+
     def get(self, key: str, default: Any = None) -> Any:
-        method = super().get(key)
-        if method is None:
-            prefix, dot, _ = key.partition(".")
-            if dot and prefix in CAPABILITIES and prefix not in self.built:
-                self.load(prefix)
-                method = super().get(key)
-        return default if method is None else method
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def loaded(self) -> list[Capability]:
         """The capabilities built so far, in the order they are closed."""

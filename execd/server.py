@@ -148,6 +148,9 @@ class ServerProtocol(FramedProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._pings = 0
+        #: Largest encoded result that fits one reply frame to this client (known once
+        #: the handshake has set the client's frame cap; no call comes before).
+        self.max_result = 0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -216,6 +219,7 @@ class ServerProtocol(FramedProtocol):
                 task.add_done_callback(functools.partial(self._cancelled, event.id))
         elif isinstance(event, HandshakeComplete):
             self.authenticated = True
+            self.max_result = self.conn.max_chunk + limits.CHUNK_OVERHEAD - limits.REPLY_OVERHEAD
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
@@ -243,13 +247,16 @@ class ServerProtocol(FramedProtocol):
                 self._answer_error(call_id, Cancelled(f"{task.get_name()} was cancelled"))
 
     def _start_call(self, call: Call) -> None:
-        method = self.server.methods.get(call.method)
-        if method is None:
+        server = self.server
+        try:
+            method = server.methods[call.method]
+        except KeyError:
             self._answer_error(call.id, UnknownMethod(f"unknown method {call.method[:128]!r}"))
             return
         params: Any
         try:
-            params = decode_payload(self.server.decoder(method), call.params)
+            decoder = server.decoders.get(method.name) or server.decoder(method)
+            params = decode_payload(decoder, call.params)
         except msgspec.DecodeError as exc:
             if isinstance(exc, NestingTooDeep):
                 log.info(
@@ -259,7 +266,7 @@ class ServerProtocol(FramedProtocol):
             return
         req = None
         if call.rid is not None:
-            method, req = self.server.requests.track(call.rid, method, self.connection_id, call.id)
+            method, req = server.requests.track(call.rid, method, self.connection_id, call.id)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         task = calls.start(
             self._loop, self._run(call.id, method, params, req), method.name, method.direct
@@ -332,11 +339,6 @@ class ServerProtocol(FramedProtocol):
             return
         self._send_final(Reply(id=call_id, result=payload), call_id)
 
-    @property
-    def max_result(self) -> int:
-        """Largest encoded result that fits one reply frame to this client."""
-        return self.conn.max_chunk + limits.CHUNK_OVERHEAD - limits.REPLY_OVERHEAD
-
     def _answer_error(self, call_id: int, exc: ExecdError) -> None:
         if self.closed:
             return
@@ -391,14 +393,15 @@ class Server:
         self.stopping = asyncio.Event()
         self.host = config.host
         self.port = config.port
-        self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+        #: Params decoders by method name, made by :meth:`decoder` on first use.
+        self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
 
     def decoder(self, method: Method) -> msgspec.msgpack.Decoder[Any]:
         """The params decoder of ``method`` (made once, kept for the server's life)."""
-        decoder = self._decoders.get(method.name)
+        decoder = self.decoders.get(method.name)
         if decoder is None:
             decoder = msgspec.msgpack.Decoder(method.params)
-            self._decoders[method.name] = decoder
+            self.decoders[method.name] = decoder
         return decoder
 
     async def start(self) -> None:
