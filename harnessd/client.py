@@ -162,7 +162,7 @@ class ClientProtocol(FramedProtocol):
         return self.lost or ConnectionLost("connection to execd closed")
 
     def handle_event(self, event: ConnectionEvent) -> None:
-        if isinstance(event, Reply | Error):
+        if type(event) is Reply or type(event) is Error:
             record = self.pending.pop(event.id, None)
             if record is not None and not record.future.done():
                 record.future.set_result(event)

@@ -98,11 +98,23 @@ def from_raw(raw: msgspec.Raw | bytes, type: type[T]) -> T:
     The caller decides what a bad payload means (INVALID_PARAMS on the server,
     a malformed reply on the client). A payload nested too deeply raises
     :class:`NestingTooDeep`, a ``msgspec.ValidationError`` like any other.
+    Each type's decoder is made once (up to :data:`_MAX_DECODERS` types).
     """
+    decoder = _decoders.get(type)
+    if decoder is None:
+        decoder = msgspec.msgpack.Decoder(type)
+        if len(_decoders) < _MAX_DECODERS:
+            _decoders[type] = decoder
     try:
-        return msgspec.msgpack.decode(raw, type=type)
+        value: T = decoder.decode(raw)
     except RecursionError:
         raise NestingTooDeep(f"value {TOO_DEEP}") from None
+    return value
+
+
+#: Result types whose decoders :func:`from_raw` keeps (the declared RPCs' are far fewer).
+_MAX_DECODERS: Final = 512
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
 
 # -- locating the deep part of a body ----------------------------------------------------
