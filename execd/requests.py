@@ -253,10 +253,13 @@ class RequestTable:
         self.detached_cap = 2 * limits.output_cap
         self._running: dict[bytes, Request] = {}
         # rid -> (bytes it costs, the request or its compact outcome)
-        self._finished: collections.OrderedDict[bytes, tuple[int, Finished]] = (
-            collections.OrderedDict()
-        )
-        self._evicted: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._finished: dict[bytes, tuple[int, Finished]] = {}
+        # The ids of _finished, oldest first (only eviction takes them out of either), and
+        # the evicted ids remembered, as a set and oldest first: a deque and a plain table
+        # cost no allocation per entry, as an OrderedDict's linked nodes do.
+        self._finish_order: collections.deque[bytes] = collections.deque()
+        self._evicted: set[bytes] = set()
+        self._evicted_order: collections.deque[bytes] = collections.deque()
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._background = BackgroundTasks("requests")
@@ -435,6 +438,7 @@ class RequestTable:
             kept = (outcome, 0, "", b"")  # as _compact() keeps a result
         finished = self._finished
         finished[rid] = (size, (kept, streams))
+        self._finish_order.append(rid)
         self.kept_bytes += size
         if answered_on is not None and output >= RECEIPT_MIN:
             self._await_receipt(rid, output, answered_on)
@@ -489,16 +493,18 @@ class RequestTable:
         return connection_id in self.unproved
 
     def _evict(self) -> None:
-        finished, evicted = self._finished, self._evicted
+        finished, order = self._finished, self._finish_order
+        evicted, evicted_order = self._evicted, self._evicted_order
         max_count, max_bytes = self.max_count, self.max_bytes
         remembered = EVICTED_MEMORY * max_count
-        while finished and (len(finished) > max_count or self.kept_bytes > max_bytes):
-            rid, (size, _) = finished.popitem(last=False)
-            self.kept_bytes -= size
+        while order and (len(order) > max_count or self.kept_bytes > max_bytes):
+            rid = order.popleft()
+            self.kept_bytes -= finished.pop(rid)[0]
             self.evictions += 1
-            evicted[rid] = None
-            if len(evicted) > remembered:
-                evicted.popitem(last=False)
+            evicted.add(rid)
+            evicted_order.append(rid)
+            if len(evicted_order) > remembered:
+                evicted.discard(evicted_order.popleft())
 
     def _expire(self, req: Request) -> None:
         req.grace = None

@@ -1,0 +1,104 @@
+"""execd.requests.RequestTable: the retention window's books, in process.
+
+The integration tests drive retention through a real execd; these hold the
+table's own bookkeeping to its bounds over many calls, which a socket would
+only make slow: the count and byte bounds, the order of eviction, and the
+bounded memory of evicted ids (``EVICTED_MEMORY`` per retained id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from execd.config import Limits
+from execd.context import Method
+from execd.errors import RequestNotKnown
+from execd.requests import ENTRY_OVERHEAD, EVICTED_MEMORY, RequestTable
+from protocol.rpc import core
+from protocol.rpc import request as api
+from tests.support.local_ctx import LocalContext
+
+pytestmark = pytest.mark.anyio
+
+CONNECTION = 7
+
+
+async def _noop(params: object, ctx: object) -> None:
+    return None
+
+
+NOOP = Method(core.NOOP, _noop)
+
+
+def _rid(n: int) -> bytes:
+    return n.to_bytes(16, "big")
+
+
+def _run(table: RequestTable, n: int, result: bytes = b"\xc0") -> None:
+    """Track, start and finish call ``n`` (request id ``_rid(n)``) with ``result``."""
+    method, req = table.track(_rid(n), NOOP, CONNECTION, n)
+    assert method is NOOP and req is not None
+    table.started(req, LocalContext(call_id=n))
+    table.finish(req, result)
+
+
+async def _reason(table: RequestTable, n: int) -> str:
+    """What an attach to call ``n`` hears: "kept", or why it is not known."""
+    try:
+        await table.request_attach(api.AttachParams(rid=_rid(n), offsets={}), LocalContext())
+    except RequestNotKnown as exc:
+        assert isinstance(exc.data, dict)
+        reason: str = exc.data["reason"]
+        return reason
+    return "kept"
+
+
+async def test_the_window_keeps_the_newest_calls_and_remembers_a_bounded_number_evicted() -> None:
+    retention = 8
+    table = RequestTable(dataclasses.replace(Limits(), request_retention=retention))
+    calls = retention + EVICTED_MEMORY * retention + 20
+    for n in range(calls):
+        _run(table, n)
+        assert table.kept == min(n + 1, retention)
+    assert table.running == 0
+    assert table.evictions == calls - retention
+    assert table.kept_bytes == retention * (ENTRY_OVERHEAD + 1)
+    # The newest are kept, the ones before them remembered as evicted, the oldest forgotten.
+    remembered = EVICTED_MEMORY * retention
+    first_kept = calls - retention
+    for n in range(first_kept, calls):
+        assert await _reason(table, n) == "kept"
+    for n in (first_kept - 1, first_kept - remembered):
+        assert await _reason(table, n) == "evicted"
+    for n in (0, first_kept - remembered - 1):
+        assert await _reason(table, n) == "unknown"
+
+
+async def test_the_byte_bound_evicts_the_oldest_outcomes_first() -> None:
+    result = bytes(1000)
+    per_call = ENTRY_OVERHEAD + len(result)
+    table = RequestTable(
+        dataclasses.replace(Limits(), request_retention=100, request_retention_bytes=3 * per_call)
+    )
+    for n in range(10):
+        _run(table, n, result)
+        assert table.kept_bytes <= 3 * per_call
+    assert table.kept == 3
+    assert [await _reason(table, n) for n in range(5, 10)] == [
+        "evicted",
+        "evicted",
+        "kept",
+        "kept",
+        "kept",
+    ]
+
+
+async def test_a_known_id_attaches_instead_of_running_again() -> None:
+    table = RequestTable(Limits())
+    _run(table, 1)
+    method, req = table.track(_rid(1), NOOP, CONNECTION, 2)
+    assert req is None and method is not NOOP  # an attach, never a second run
+    answer = await method.handler(None, LocalContext(call_id=2))
+    assert bytes(answer) == b"\xc0"  # the kept result, as the call's answer
