@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -79,9 +79,12 @@ async def sampling_rss(pid: int, interval: float) -> AsyncIterator[list[float]]:
 
 @contextlib.asynccontextmanager
 async def start_execd(
-    workdir: str, *extra: str, timeout: float = 30.0
+    workdir: str, *extra: str, timeout: float = 30.0, wrapper: Sequence[str] = ()
 ) -> AsyncIterator[ExecdProcess]:
-    """Run execd (cwd ``workdir``) until the block exits; then stop it and its marker."""
+    """Run execd (cwd ``workdir``) until the block exits; then stop it and its marker.
+
+    ``wrapper``: a command line execd's own runs under (a profiler, valgrind).
+    """
     private = tempfile.mkdtemp(prefix="execd-bench-")
     token = secrets.token_hex(32)
     token_file = os.path.join(private, "token")
@@ -93,6 +96,7 @@ async def start_execd(
     env = {k: v for k, v in os.environ.items() if k != "EXECD_TOKEN"}
     log_path = os.path.join(private, "execd.log")
     argv = [
+        *wrapper,
         sys.executable,
         "-m",
         "execd",

@@ -1,0 +1,130 @@
+"""Instructions per no-op call at each end, counted by valgrind's callgrind.
+
+Wall-clock figures on a shared machine move with its load, and comparing two
+trees takes many alternating runs. The number of instructions a process
+executes per call hardly moves at all, so this tool compares trees in one
+run each: ``python -m bench.instructions`` from each tree's checkout.
+
+Each end is counted in its own process under ``valgrind --tool=callgrind``
+while the other runs at full speed: execd with the client here, then this
+tool's client (a child process) with a plain execd. Each count is taken
+twice, after ``--calls`` and after ``2 * --calls`` pipelined no-ops (64 in
+flight on one connection, as section 2 of the bench); the difference,
+divided by ``--calls``, is what one call costs, start-up and shutdown
+cancelled out. Instructions are not time: cache misses, system calls and
+wake-ups are not in them (a call made alone, one in flight, costs far more
+time per instruction than a pipelined one). Use it to see what a change to
+the per-call path does, and the bench for what a user waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import uvloop
+
+from bench.execd_proc import start_execd
+from bench.settings import IN_FLIGHT
+from bench.stats import pipelined
+
+#: valgrind's start of a Python process takes seconds: give execd's handshake room.
+_SLOW_START = ("--handshake-timeout", "120")
+
+
+def _callgrind(out: str) -> list[str]:
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no"]
+
+
+def _total(path: str) -> int:
+    """The instructions a callgrind output file counts in all."""
+    with open(path, encoding="ascii", errors="replace") as handle:
+        for line in handle:
+            if line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no summary line in {path}")
+
+
+async def _calls(calls: int, request_ids: bool, wrapper: list[str]) -> None:
+    """Start execd (under ``wrapper``), make ``calls`` pipelined no-ops, stop it."""
+    workdir = tempfile.mkdtemp(prefix="execd-instr-")
+    try:
+        async with start_execd(workdir, *_SLOW_START, timeout=300.0, wrapper=wrapper) as execd:
+            client = await execd.connect()
+            client.request_ids = request_ids
+            if calls:
+                await pipelined(client.noop, calls, IN_FLIGHT)
+            await client.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _per_call(counts: dict[int, int], calls: int) -> float:
+    return (counts[2 * calls] - counts[calls]) / calls
+
+
+def _execd_side(calls: int, request_ids: bool, scratch: str) -> float:
+    counts = {}
+    for n in (calls, 2 * calls):
+        out = os.path.join(scratch, f"execd.{n}")
+        uvloop.run(_calls(n, request_ids, _callgrind(out)))
+        counts[n] = _total(out)
+    return _per_call(counts, calls)
+
+
+def _client_side(calls: int, request_ids: bool, scratch: str) -> float:
+    counts = {}
+    for n in (calls, 2 * calls):
+        out = os.path.join(scratch, f"client.{n}")
+        argv = [
+            *_callgrind(out),
+            sys.executable,
+            "-m",
+            "bench.instructions",
+            "--client-run",
+            str(n),
+        ]
+        if not request_ids:
+            argv.append("--no-request-ids")
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        counts[n] = _total(out)
+    return _per_call(counts, calls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.instructions",
+        description="Instructions per pipelined no-op call in execd and in the client "
+        "(valgrind's callgrind).",
+    )
+    parser.add_argument(
+        "--calls", type=int, default=10000, help="calls per measurement (default 10000)"
+    )
+    parser.add_argument(
+        "--no-request-ids", action="store_true", help="calls without request ids (PROTOCOL.md 8.1)"
+    )
+    parser.add_argument("--client-run", type=int, metavar="N", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    request_ids = not args.no_request_ids
+    if args.client_run is not None:  # the counted client, a child of the run below
+        uvloop.run(_calls(args.client_run, request_ids, []))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (Debian: apt install valgrind): nothing measured")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="execd-instr-") as scratch:
+        execd = _execd_side(args.calls, request_ids, scratch)
+        client = _client_side(args.calls, request_ids, scratch)
+    kind = "with request ids" if request_ids else "without request ids"
+    print(f"instructions per pipelined no-op ({kind}, {args.calls} calls):")
+    print(f"  execd  {execd:10,.0f}")
+    print(f"  client {client:10,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
