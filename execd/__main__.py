@@ -74,6 +74,16 @@ def _log_level(text: str) -> str:
     return text.upper()
 
 
+def _checking_formatter(prog: str) -> argparse.HelpFormatter:
+    """The formatter ``add_argument`` checks each metavar with, of a fixed width.
+
+    argparse's default asks for the terminal's width (importing :mod:`shutil`
+    and its compressors) once per argument; the width plays no part in that
+    check, and execd's cold start pays for every import before it listens.
+    """
+    return argparse.HelpFormatter(prog, width=80)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="execd",
@@ -82,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
             "over an authenticated RPC protocol. Subcommand: 'execd cleanup --marker ID' kills "
             "every process of this user carrying the marker."
         ),
+        formatter_class=_checking_formatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
@@ -124,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}"
     )
+    # Help and usage (printed only on --help or an error) fit the terminal again.
+    parser.formatter_class = argparse.HelpFormatter
     return parser
 
 

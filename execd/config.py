@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from dataclasses import dataclass, field
 
 from protocol.rpc.resources import Limits as CommandLimits
@@ -84,6 +83,8 @@ def default_state_dir() -> tuple[str, str | None]:
 
 
 def _private_temp_dir() -> str:
+    import tempfile  # only on this fallback: it pulls in shutil and the compressors
+
     uid = os.getuid()
     path = os.path.join(tempfile.gettempdir(), f"execd-state-{uid}")
     try:
