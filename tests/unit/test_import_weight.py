@@ -10,6 +10,7 @@ listens).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -95,3 +96,25 @@ def test_execd_listens_without_what_it_defers(tmp_path: pathlib.Path) -> None:
         if name == deferred or name.startswith(deferred + ".")
     )
     assert early == [], early
+
+
+def test_execd_serves_with_the_collector_on_and_startup_frozen(tmp_path: pathlib.Path) -> None:
+    """``python -m execd`` imports with the collector off; it is on again before serving."""
+    code = (
+        "import gc, runpy, sys\n"
+        "import execd.app\n"
+        "async def serve(self):\n"
+        "    print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
+        "    return 0\n"
+        "execd.app.Execd.run = serve\n"
+        f"sys.argv = ['execd', '--state-dir', {str(tmp_path)!r}]\n"
+        "runpy.run_module('execd', run_name='__main__', alter_sys=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "EXECD_TOKEN": "t" * 32},
+    )
+    assert done.stdout.splitlines()[0] == "True True", (done.stdout, done.stderr)
