@@ -51,7 +51,6 @@ from harnessd.scripted_model import PacedModel, ScriptedModel
 from harnessd.tools import ToolConfig
 
 SECTION = "10. Agent sessions at scale: one harness process, one execd each"
-MARKER_VAR: Final = "EXECD_MARKER"
 NOTE_BYTES: Final = 4096
 
 

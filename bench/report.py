@@ -93,6 +93,16 @@ def finish(report: V, as_json: bool, show: Callable[[V], None]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Step:
+    """One figure of a ladder (see :meth:`SectionRows.ladder`): its key, label, summary and plot name."""
+
+    key: str
+    label: str
+    summary: Summary
+    short: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SectionRows:
     """Builds the rows of one report section: its title and unit are said once."""
 
@@ -122,6 +132,16 @@ class SectionRows:
             note=note,
             extra=extra or {},
         )
+
+    def ladder(self, *steps: Step) -> list[Row]:
+        """One row per step, each compared with every step before it: a floor, then what stands on it."""
+        rows: list[Row] = []
+        for step in steps:
+            baselines = tuple(row.key for row in rows)
+            rows.append(
+                self.row(step.key, step.label, step.summary, short=step.short, baselines=baselines)
+            )
+        return rows
 
 
 def link_ratios(rows: list[Row]) -> None:

@@ -26,7 +26,7 @@ import time
 from bench import ledger_append
 from bench.env import Env
 from bench.execd_proc import read_status_kib, sampling_rss, start_execd
-from bench.report import Row, SectionRows, Target
+from bench.report import Row, SectionRows, Step, Target
 from bench.retention import retention_row
 from bench.settings import size_label
 from bench.stats import summarize
@@ -128,14 +128,14 @@ async def memory_rows(env: Env) -> list[Row]:
     idle_summary = summarize(idle)
     stream_summary = summarize(streaming)
     mib = SectionRows(MEMORY, "MiB")
-    base = mib.row(
-        "memory.floor",
-        "raw floor server (bare uvloop process), RSS",
-        floor,
-        short="bare uvloop process",
-    )
-    idle_row = mib.row(
-        "memory.idle", "execd idle RSS", idle_summary, short="idle", baselines=("memory.floor",)
+    base, idle_row = mib.ladder(
+        Step(
+            "memory.floor",
+            "raw floor server (bare uvloop process), RSS",
+            floor,
+            "bare uvloop process",
+        ),
+        Step("memory.idle", "execd idle RSS", idle_summary, "idle"),
     )
     idle_row.target = Target(f"< {IDLE_TARGET_MIB:g} MiB", idle_summary.p99, IDLE_TARGET_MIB)
     stream_row = mib.row(

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 import harnessd
 from bench.execd_proc import ExecdProcess, start_execd
 from bench.report import finish
+from execd.config import DEFAULT_MARKER_VAR
 from execd.marker import cleanup, find_marked
 from harnessd.api import ExecdClient
 from protocol.ledger_chain import GENESIS_HASH
@@ -51,7 +52,6 @@ OP_TIMEOUT = 60.0
 """Seconds one operation may take before it counts as an error."""
 
 MAX_ERROR_SAMPLES = 20
-MARKER_VAR = "EXECD_MARKER"
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,11 +349,11 @@ async def run_soak_async(config: SoakConfig, directory: str | None = None) -> So
             os.mkdir(work)
             report = await soak(daemon.host, daemon.port, daemon.token, daemon.pid, work, config)
             report.killed_at_close = await _shutdown(daemon)
-            report.leftover = find_marked(MARKER_VAR, daemon.marker)
+            report.leftover = find_marked(DEFAULT_MARKER_VAR, daemon.marker)
             return report
     finally:
         if marker is not None:
-            await asyncio.to_thread(cleanup, MARKER_VAR, marker, timeout=10.0)
+            await asyncio.to_thread(cleanup, DEFAULT_MARKER_VAR, marker, timeout=10.0)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bench.env import Env
-from bench.report import Row, SectionRows, Target
+from bench.report import Row, SectionRows, Step, Target
 from bench.servers import start_server
 from bench.settings import HOST, LAN_DELAY, TURN_CALLS
 from bench.stats import summarize
@@ -80,26 +80,17 @@ async def run(env: Env) -> list[Row]:
     serial = summarize(apart)
     nominal = 2 * LAN_DELAY * 1000
     ms = SectionRows(SECTION, "ms")
-    base = ms.row(
-        "turn.round_trip",
-        "one server.noop through the proxy (one round trip)",
-        one,
-        short="one round trip",
+    base, sequential_row, concurrent_row = ms.ladder(
+        Step(
+            "turn.round_trip",
+            "one server.noop through the proxy (one round trip)",
+            one,
+            "one round trip",
+        ),
+        Step("turn.sequential", f"{TURN_CALLS} tool calls one after another", serial, "sequential"),
+        Step("turn.concurrent", f"{TURN_CALLS} tool calls concurrently (asyncio.gather)", gathered),
     )
-    sequential_row = ms.row(
-        "turn.sequential",
-        f"{TURN_CALLS} tool calls one after another",
-        serial,
-        short="sequential",
-        baselines=("turn.round_trip",),
-    )
-    concurrent_row = ms.row(
-        "turn.concurrent",
-        f"{TURN_CALLS} tool calls concurrently (asyncio.gather)",
-        gathered,
-        baselines=("turn.round_trip", "turn.sequential"),
-        extra={"round_trips_of_delay": gathered.p50 / nominal},
-    )
+    concurrent_row.extra["round_trips_of_delay"] = gathered.p50 / nominal
     concurrent_row.extra["round_trips"] = gathered.p50 / one.p50
     concurrent_row.target = Target(
         f"p50 <= {TURN_TARGET:g} round trips ({TURN_TARGET * one.p50:.1f} ms)",

@@ -27,7 +27,7 @@ import time
 from bench import watch_latency
 from bench.env import Env
 from bench.execd_proc import start_execd, time_interpreter_start
-from bench.report import Row, SectionRows, Target
+from bench.report import Row, SectionRows, Step, Target
 from bench.stats import Call, interleaved, summarize
 
 SPAWN = "3. A command through the shell RPC"
@@ -173,21 +173,15 @@ async def cold_start_rows(env: Env) -> list[Row]:
     bare_summary, execd_summary = summarize(bare), summarize(execd)
     loaded_summary = summarize(loaded)
     ms = SectionRows(WATCH, "ms")
-    floor = ms.row(
-        "start.python", "python -c print: spawn to first line", bare_summary, short="bare python"
-    )
-    imports = ms.row(
-        "start.imports",
-        f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
-        loaded_summary,
-        short="python + event loop imports",
-        baselines=("start.python",),
-    )
-    row = ms.row(
-        "start.execd",
-        "execd cold start: spawn to the listening line",
-        execd_summary,
-        baselines=("start.python", "start.imports"),
+    floor, imports, row = ms.ladder(
+        Step("start.python", "python -c print: spawn to first line", bare_summary, "bare python"),
+        Step(
+            "start.imports",
+            f"python -c 'import {STARTUP_IMPORTS}': spawn to first line",
+            loaded_summary,
+            "python + event loop imports",
+        ),
+        Step("start.execd", "execd cold start: spawn to the listening line", execd_summary),
     )
     row.target = Target(
         f"p50 <= {COLD_START_TARGET:g}x python + event loop imports",

@@ -120,15 +120,17 @@ async def healthy(daemon: RunningExecd) -> AsyncIterator[ExecdClient]:
         await client.close()
 
 
-async def survives(daemon: RunningExecd, attack: Callable[[], int]) -> int:
+async def survives(
+    daemon: RunningExecd, attack: Callable[[], int], name: str, outcome: str
+) -> None:
     """Run the blocking ``attack`` while a healthy client holds on; no marked process may be left.
 
-    Returns how many bad inputs the attack tried.
+    The attack returns how many bad inputs it tried: they are reported under ``name``.
     """
     async with healthy(daemon):
         tried = await asyncio.to_thread(attack)
     await no_marked(daemon.marker)
-    return tried
+    report(name, tried, outcome)
 
 
 async def check_healthy(client: ExecdClient) -> None:
@@ -420,10 +422,8 @@ async def test_replayed_handshake_transcript(daemon: RunningExecd) -> None:
                 tried += 1
         return tried
 
-    report(
-        "replayed_handshake",
-        await survives(daemon, attack),
-        "AUTH_FAILED on every replay, no call served",
+    await survives(
+        daemon, attack, "replayed_handshake", "AUTH_FAILED on every replay, no call served"
     )
 
 
@@ -651,11 +651,7 @@ async def test_malformed_and_mistyped_messages(daemon: RunningExecd, tmp_path: P
         return tried
 
     # The duplicate call's sleep was started once, then killed with its connection.
-    report(
-        "malformed_messages",
-        await survives(daemon, attack),
-        "each closed with its typed abort code",
-    )
+    await survives(daemon, attack, "malformed_messages", "each closed with its typed abort code")
 
 
 async def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) -> None:
@@ -745,10 +741,8 @@ async def test_tampered_encrypted_frames(daemon: RunningExecd) -> None:
                     tried += 1
         return tried
 
-    report(
-        "tampered_frames",
-        await survives(daemon, attack),
-        "DECRYPT_FAILED for flipped, cut, replayed, reordered",
+    await survives(
+        daemon, attack, "tampered_frames", "DECRYPT_FAILED for flipped, cut, replayed, reordered"
     )
 
 
