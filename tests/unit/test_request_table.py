@@ -8,8 +8,7 @@ bounded memory of evicted ids (``EVICTED_MEMORY`` per retained id).
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import pytest
 
 from execd.config import Limits
@@ -57,7 +56,7 @@ async def _reason(table: RequestTable, n: int) -> str:
 
 async def test_the_window_keeps_the_newest_calls_and_remembers_a_bounded_number_evicted() -> None:
     retention = 8
-    table = RequestTable(dataclasses.replace(Limits(), request_retention=retention))
+    table = RequestTable(msgspec.structs.replace(Limits(), request_retention=retention))
     calls = retention + EVICTED_MEMORY * retention + 20
     for n in range(calls):
         _run(table, n)
@@ -80,7 +79,9 @@ async def test_the_byte_bound_evicts_the_oldest_outcomes_first() -> None:
     result = bytes(1000)
     per_call = ENTRY_OVERHEAD + len(result)
     table = RequestTable(
-        dataclasses.replace(Limits(), request_retention=100, request_retention_bytes=3 * per_call)
+        msgspec.structs.replace(
+            Limits(), request_retention=100, request_retention_bytes=3 * per_call
+        )
     )
     for n in range(10):
         _run(table, n, result)
