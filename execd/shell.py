@@ -95,6 +95,16 @@ class _Outcome:
     def exit(self) -> tuple[int | None, int | None]:
         return spawning.decode_status(self.status)
 
+    def report(self, result: rpc.RunResult | rpc.CommandInfo) -> None:
+        """Say how the command ended in ``result``: a run's result, a detached command's info."""
+        result.exit_code, result.signal = self.exit()
+        result.duration = self.duration
+        result.timed_out = self.timed_out
+        result.idle_out = self.idle_out
+        result.pipes_held_open = self.pipes_held_open
+        result.limit_exceeded = self.limit_exceeded
+        result.limits = self.limits
+
 
 Spawner = Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
 
@@ -327,14 +337,8 @@ class _Detached:
             attached=self.attached,
         )
         if self.outcome is not None:
-            info.exit_code, info.signal = self.outcome.exit()
+            self.outcome.report(info)
             info.finished = self.finished
-            info.duration = self.outcome.duration
-            info.timed_out = self.outcome.timed_out
-            info.idle_out = self.outcome.idle_out
-            info.pipes_held_open = self.outcome.pipes_held_open
-            info.limit_exceeded = self.outcome.limit_exceeded
-            info.limits = self.outcome.limits
         return info
 
 
@@ -464,18 +468,8 @@ class ShellCapability(CommandCapability):
             if self._calls.get(key) is cmd:
                 del self._calls[key]
             cmd.cleanup()
-        exit_code, sig = outcome.exit()
-        result = rpc.RunResult(
-            pid=child.pid,
-            exit_code=exit_code,
-            signal=sig,
-            timed_out=outcome.timed_out,
-            idle_out=outcome.idle_out,
-            duration=outcome.duration,
-            pipes_held_open=outcome.pipes_held_open,
-            limit_exceeded=outcome.limit_exceeded,
-            limits=outcome.limits,
-        )
+        result = rpc.RunResult(pid=child.pid)
+        outcome.report(result)
         if buffers is not None:
             # Both captures share what the reply frame leaves beside the other fields.
             budget = result_budget(ctx) - encoded_size(result) - CAPTURE_FIELDS
