@@ -9,6 +9,14 @@ memory or initial environment through /proc.
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":
+    # Importing execd makes many long-lived objects (classes, schemas, tables), and
+    # the collector kept walking them: dozens of collections, about 13 ms, before
+    # execd could listen. main() turns it back on once all that is made.
+    gc.disable()
+
 import argparse
 import asyncio
 import contextlib
@@ -74,6 +82,16 @@ def _log_level(text: str) -> str:
     return text.upper()
 
 
+def _checking_formatter(prog: str) -> argparse.HelpFormatter:
+    """The formatter ``add_argument`` checks each metavar with, of a fixed width.
+
+    argparse's default asks for the terminal's width (importing :mod:`shutil`
+    and its compressors) once per argument; the width plays no part in that
+    check, and execd's cold start pays for every import before it listens.
+    """
+    return argparse.HelpFormatter(prog, width=80)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="execd",
@@ -82,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
             "over an authenticated RPC protocol. Subcommand: 'execd cleanup --marker ID' kills "
             "every process of this user carrying the marker."
         ),
+        formatter_class=_checking_formatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
@@ -124,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", type=_log_level, default="INFO", help=f"one of {', '.join(_LOG_LEVELS)}"
     )
+    # Help and usage (printed only on --help or an error) fit the terminal again.
+    parser.formatter_class = argparse.HelpFormatter
     return parser
 
 
@@ -197,6 +218,17 @@ def _explicit_state_dir(path: str) -> str:
     return path
 
 
+def _collect_from_now_on() -> None:
+    """Turn the collector back on if startup turned it off, what startup made frozen.
+
+    Frozen objects stay out of every later collection, so serving does not walk
+    execd's own modules either.
+    """
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _harden() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -231,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("execd").warning(
                 "%s; the ledger lives in %s", config.state_dir_fallback, config.state_dir
             )
+        _collect_from_now_on()
         _harden()
         status = _run(config, token)
     except StartupError as exc:

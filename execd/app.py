@@ -17,7 +17,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from execd import limits as command_limits
 from execd import marker
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method, bind
@@ -181,6 +180,8 @@ class Execd:
         return params.data
 
     async def server_info(self, params: NoParams, ctx: CallContext) -> ServerInfo:
+        from execd.limits import ResourceControl
+
         self.methods.load_all()
         return ServerInfo(
             pid=os.getpid(),
@@ -192,7 +193,7 @@ class Execd:
             cwd=os.getcwd(),
             ledger_dir=self.config.ledger_dir,
             methods=sorted(self.methods),
-            limits=command_limits.ResourceControl(self.config.limits.command_limits).info(),
+            limits=ResourceControl(self.config.limits.command_limits).info(),
         )
 
     async def session_close(self, params: CloseParams, ctx: CallContext) -> CloseReport:
@@ -205,6 +206,8 @@ class Execd:
 
     async def cleanup(self, timeout: float = 10.0) -> CloseReport:
         """Close every capability, then kill whatever still carries the marker."""
+        from execd import limits as command_limits
+
         for capability in self.capabilities:
             try:
                 await capability.close()
@@ -249,6 +252,8 @@ class Execd:
         await self.server.stopping.wait()
         await self.server.close()
         report = await self.cleanup()
+        from execd import limits as command_limits  # imported once the server has stopped
+
         command_limits.sweep(final=True)
         reaper.reap()
         reaper.stop()

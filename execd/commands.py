@@ -29,17 +29,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import shlex
-import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from execd.config import Config
 from execd.context import Method, bind
 from execd.errors import InvalidParams, ShuttingDown
-from execd.limits import ResourceControl
 from protocol.rpc import Rpc
-from protocol.rpc.shell import MAX_TITLE
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +65,11 @@ def command_argv(argv: list[str] | None, command: str | None, what: str = "") ->
 
 def title_of(argv: list[str]) -> str:
     """A one-line description of a command, at most ``MAX_TITLE`` characters."""
+    # Imported here: the shell schemas and shlex are not needed before execd listens.
+    import shlex
+
+    from protocol.rpc.shell import MAX_TITLE
+
     text = argv[2] if argv[:2] == [SHELL, "-c"] and len(argv) == 3 else shlex.join(argv)
     return text if len(text) <= MAX_TITLE else text[: MAX_TITLE - 1] + "…"
 
@@ -154,6 +155,8 @@ def private_root(config: Config, kind: str) -> str:
         path = os.path.join(config.state_dir, kind)
         os.makedirs(path, mode=_DIR_MODE, exist_ok=True)
         return path
+    import tempfile
+
     return tempfile.mkdtemp(prefix=f"execd-{kind}-")
 
 
@@ -197,6 +200,8 @@ class CommandCapability:
     def __init__(self, config: Config, base_env: Mapping[str, str], name: str) -> None:
         self._config = config
         self._limits = config.limits
+        from execd.limits import ResourceControl  # with the first capability, not at startup
+
         self._resources = ResourceControl(config.limits.command_limits)
         self._marker_var = config.marker_var
         self._base_env = dict(base_env)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
-from dataclasses import dataclass, field
+
+import msgspec
 
 from protocol.rpc.resources import Limits as CommandLimits
 
@@ -13,9 +13,12 @@ DEFAULT_MARKER_VAR = "EXECD_MARKER"
 LEDGER_PATH_VAR = "EXECD_LEDGER_DIR"
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Bounds on everything an authenticated or unauthenticated peer can grow."""
+class Limits(msgspec.Struct, frozen=True):
+    """Bounds on everything an authenticated or unauthenticated peer can grow.
+
+    A frozen struct rather than a frozen dataclass: defining a dataclass of this
+    many fields (generating its methods) took a visible part of execd's cold start.
+    """
 
     max_connections: int = 256
     max_unauthenticated: int = 64
@@ -42,8 +45,7 @@ class Limits:
     """Default resource limits of every command; a call may lower them, never raise them."""
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
+class Config(msgspec.Struct, frozen=True):
     """Everything execd needs to know about itself."""
 
     host: str = "127.0.0.1"
@@ -54,7 +56,7 @@ class Config:
     state_dir: str = ""
     state_dir_fallback: str | None = None
     """Why ``state_dir`` is the temporary fallback (None: it is the one asked for)."""
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = msgspec.field(default_factory=Limits)
 
     @property
     def ledger_dir(self) -> str:
@@ -84,6 +86,8 @@ def default_state_dir() -> tuple[str, str | None]:
 
 
 def _private_temp_dir() -> str:
+    import tempfile  # only on this fallback: it pulls in shutil and the compressors
+
     uid = os.getuid()
     path = os.path.join(tempfile.gettempdir(), f"execd-state-{uid}")
     try:

@@ -79,7 +79,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from execd.commands import check_variables
 from execd.config import DEFAULT_MARKER_VAR
@@ -252,8 +253,7 @@ def _wipe_exec_environment(names: set[bytes]) -> set[bytes]:
 # -- reading /proc -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Status:
+class _Status(msgspec.Struct, frozen=True):
     state: str
     ppid: int
     ruid: int
@@ -487,8 +487,7 @@ def _kill_round(pids: list[int], entry: bytes, uid: int, death_wait: float) -> s
 # -- cleanup ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CleanupReport:
+class CleanupReport(msgspec.Struct, frozen=True):
     """What one :func:`cleanup` did.
 
     ``killed`` counts distinct PIDs that were sent SIGKILL; ``remaining`` lists

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
+
+import msgspec
 
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
-class ProcStat(NamedTuple):
+class ProcStat(msgspec.Struct, frozen=True):
     """The fields of ``/proc/PID/stat`` execd uses."""
 
     state: str

@@ -66,6 +66,11 @@ class _Libc:
         if ctypes.sizeof(ctypes.c_void_p) != array.array(_POINTER_TYPE).itemsize:
             raise OSError(errno.ENOSYS, "pointers of an unexpected size")
         self.attributes: dict[tuple[bool, tuple[int, ...]], Any] = {}
+        self.opaque = ctypes.c_char * _OPAQUE
+        #: The last environment (its items) and its vector: commands mostly repeat it.
+        self.environment: (
+            tuple[tuple[tuple[str, str], ...], tuple[int, array.array[int], bytes]] | None
+        ) = None
 
 
 _libc: _Libc | None = None
@@ -107,6 +112,24 @@ def _vector(ctypes: Any, items: list[str]) -> tuple[int, array.array[int], bytes
     return pointers.buffer_info()[0], pointers, blob
 
 
+def _environment(libc: _Libc, env: Mapping[str, str]) -> tuple[int, array.array[int], bytes]:
+    """The ``envp`` vector of ``env``: the last one again when ``env`` holds the same entries.
+
+    Building it is most of this module's cost per spawn (python -m bench.spawn),
+    and the commands of a session mostly share one environment. Raises
+    ValueError for a name no environment can hold or a NUL byte.
+    """
+    items = tuple(env.items())
+    last = libc.environment
+    if last is not None and last[0] == items:
+        return last[1]
+    if "=" in "".join(env) or "" in env:
+        raise ValueError("illegal environment variable name")
+    vector = _vector(libc.ctypes, list(map("=".join, items)))
+    libc.environment = (items, vector)
+    return vector
+
+
 def _check(code: int) -> None:
     if code != 0:
         raise OSError(code, os.strerror(code))
@@ -117,9 +140,8 @@ def _attributes(libc: _Libc, setsid: bool, setsigdef: tuple[int, ...]) -> Any:
     key = (setsid, setsigdef)
     attr = libc.attributes.get(key)
     if attr is None:
-        ctypes = libc.ctypes
-        attr = (ctypes.c_char * _OPAQUE)()
-        sigset = (ctypes.c_char * _OPAQUE)()
+        attr = libc.opaque()
+        sigset = libc.opaque()
         _check(libc.c.posix_spawnattr_init(attr))
         flags = _SETSID if setsid else 0
         if setsigdef:
@@ -156,13 +178,12 @@ def spawn_in(
     if libc is None:
         raise OSError(errno.ENOSYS, "posix_spawn cannot change directory with this C library")
     ctypes, c = libc.ctypes, libc.c
-    if "=" in "".join(env) or "" in env:
-        raise ValueError("illegal environment variable name")
+    env_address, *env_keep = _environment(libc, env)
     if "\0" in path or "\0" in cwd:
         raise ValueError("embedded null byte")
     program, directory = os.fsencode(path), os.fsencode(cwd)
     attr = _attributes(libc, setsid, tuple(setsigdef))
-    actions = (ctypes.c_char * _OPAQUE)()
+    actions = libc.opaque()
     _check(c.posix_spawn_file_actions_init(actions))
     try:
         for action in file_actions:
@@ -177,7 +198,6 @@ def spawn_in(
                 raise ValueError(f"unsupported file action {action[0]}")
         _check(c.posix_spawn_file_actions_addchdir_np(actions, directory))
         argv_address, *argv_keep = _vector(ctypes, list(argv))
-        env_address, *env_keep = _vector(ctypes, list(map("=".join, env.items())))
         pid = ctypes.c_int(0)
         function = c.posix_spawnp if search else c.posix_spawn
         _check(function(ctypes.byref(pid), program, actions, attr, argv_address, env_address))

@@ -30,7 +30,23 @@ from protocol.messages import MESSAGE_TYPES, AnyMessage, Call, Message, tag_of
 T = TypeVar("T")
 
 ENCODER: Final = msgspec.msgpack.Encoder()
-_DECODER: Final = msgspec.msgpack.Decoder(AnyMessage)
+
+
+class _FirstDecode:
+    """Stands in for the message decoder until the first frame: then builds it and steps aside.
+
+    Building it resolves every message type's fields, a few milliseconds that
+    execd's cold start would pay before it could listen.
+    """
+
+    def decode(self, body: bytes | bytearray | memoryview) -> Message:
+        global _DECODER
+        _DECODER = msgspec.msgpack.Decoder(AnyMessage)
+        message: Message = _DECODER.decode(body)
+        return message
+
+
+_DECODER: msgspec.msgpack.Decoder[AnyMessage] | _FirstDecode = _FirstDecode()
 _KNOWN_TAGS: Final = frozenset(tag_of(cls) for cls in MESSAGE_TYPES)
 #: Most msgpack items :func:`_walk` looks at in one body before giving up on it.
 WALK_BUDGET: Final = 1 << 16

@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from protocol import limits
 
@@ -66,8 +67,7 @@ def token_bytes(token: bytes | str) -> bytes:
     return stripped
 
 
-@dataclass(frozen=True, slots=True)
-class Negotiated:
+class Negotiated(msgspec.Struct, frozen=True):
     """Everything both sides agreed on, as it enters the transcript."""
 
     version: int
@@ -134,8 +134,7 @@ def verify_mac(expected: bytes, received: bytes) -> bool:
     return hmac.compare_digest(expected, received)
 
 
-@dataclass(frozen=True, slots=True)
-class FrameKeys:
+class FrameKeys(msgspec.Struct, frozen=True):
     """The two per-connection directional keys."""
 
     client_to_server: bytes

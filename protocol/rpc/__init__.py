@@ -36,7 +36,6 @@ How to add an RPC
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
@@ -55,8 +54,7 @@ class Schema(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     """
 
 
-@dataclass(frozen=True, slots=True)
-class Rpc(Generic[P, R]):
+class Rpc(msgspec.Struct, Generic[P, R], frozen=True):
     """One method: its wire name, the type of its params and of its result."""
 
     name: str

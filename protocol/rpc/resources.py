@@ -153,5 +153,10 @@ def from_options(values: Mapping[str, float | None]) -> Limits | None:
 
     Raises ``msgspec.ValidationError`` for a value out of range.
     """
-    limits = msgspec.convert({k: v for k, v in values.items() if v is not None}, Limits)
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        # No option given (how execd usually starts): no conversion, whose first
+        # use builds msgspec's schema of Limits before execd can listen.
+        return None
+    limits = msgspec.convert(given, Limits)
     return None if limits.is_empty() else limits

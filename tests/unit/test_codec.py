@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -162,3 +164,36 @@ def test_walk_finds_the_end_and_depth_of_any_value(value: Any, trailing: bytes) 
 def test_walk_refuses_truncated_or_invalid_values(body: bytes) -> None:
     with pytest.raises(ValueError):
         _walk(body, 0, _Budget(1 << 20))
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "encode_message(Abort(code=1, message='x'))",
+        "b'\\x81\\xa1t\\xa5nope!'",  # {"t": "nope!"}: a tag no message has
+        "b'\\xc1'",  # not msgpack
+    ],
+)
+def test_a_processs_first_decode_builds_the_decoder_and_answers_like_later_ones(
+    first: str,
+) -> None:
+    """The message decoder is built on the first frame, not at import; that frame is decoded alike."""
+    code = (
+        "from protocol import codec\n"
+        "from protocol.codec import decode_message, encode_message\n"
+        "from protocol.messages import Abort\n"
+        "assert isinstance(codec._DECODER, codec._FirstDecode)\n"
+        "def outcome(body):\n"
+        "    try:\n"
+        "        return repr(decode_message(body))\n"
+        "    except Exception as exc:\n"
+        "        return f'{type(exc).__name__}: {exc}'\n"
+        f"body = {first}\n"
+        "once = outcome(body)\n"
+        "assert not isinstance(codec._DECODER, codec._FirstDecode)\n"
+        "print(once == outcome(body), once)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.startswith("True "), done.stdout

@@ -89,3 +89,22 @@ async def test_failures_are_typed_alike(way: str, tmp_path: Path) -> None:
         with pytest.raises(InvalidParams):
             sp.spawn(argv, env=env, cwd=str(tmp_path))
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+async def test_each_spawn_gets_its_own_environment(way: str, tmp_path: Path) -> None:
+    """The environment vector is reused only for the very same variables, and checked each time."""
+    show = ["/bin/sh", "-c", 'echo "$A:${B-unset}"']
+    first = dict(ENV, A="B=c")
+    for env, expected in ((first, b"B=c:unset\n"), (dict(first), b"B=c:unset\n")):
+        _, out, _ = await collect(sp.spawn(show, env=env, cwd=str(tmp_path)))
+        assert out == expected
+    changed = dict(ENV, A="d", B="e")
+    _, out, _ = await collect(sp.spawn(show, env=changed, cwd=str(tmp_path)))
+    assert out == b"d:e\n"
+    _, out, _ = await collect(sp.spawn(show, env=first, cwd=str(tmp_path)))
+    assert out == b"B=c:unset\n"
+    # Right after it, an environment whose entry reads the same ("A=B=c") but with a
+    # name no process can receive.
+    renamed = {**{k: v for k, v in ENV.items() if k != "A"}, "A=B": "c"}
+    with pytest.raises(InvalidParams):
+        sp.spawn(show, env=renamed, cwd=str(tmp_path))
