@@ -212,7 +212,12 @@ class FileSink:
       target (random hidden name, ``O_EXCL``). ``write`` appends blocks to the
       temporary. ``commit`` gives it the final mode (the requested one, else
       the old target's, else the umask default) and the old owner when allowed,
-      fsyncs it, renames it over the target and fsyncs the directory.
+      fsyncs it, renames it over the target and fsyncs the directory. Each of
+      the two fsyncs is needed for the call's promise that content and name
+      are durable once it returns: the file's, before the rename, so that no
+      crash can leave the target naming a file whose data never reached the
+      disk; the directory's, after it, so that the rename itself survives a
+      crash (without it the old content may come back).
       ``abort`` closes and unlinks the temporary: the target is never touched
       before the rename, so a failure at any point leaves it as it was.
     * Plain mode: ``open`` opens the target itself, for writing from its
@@ -251,6 +256,8 @@ class FileSink:
         self._hasher = hashlib.sha256() if checksum else None
         self._size = 0
         self._device: int | None = None
+        #: Owner (uid, gid) the temporary was created with (atomic mode).
+        self._created_owner: tuple[int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -278,12 +285,18 @@ class FileSink:
             if self._mode is not None:
                 os.fchmod(self._fd, self._mode)
             return
-        if os.path.islink(self._path):
-            self._target = os.path.realpath(self._path)
+        # One lstat answers both "is it a symlink?" and, for the common plain
+        # file, "what is there now?"; only a symlink costs a second stat.
         try:
-            old: os.stat_result | None = os.stat(self._target)
+            old: os.stat_result | None = os.lstat(self._path)
         except FileNotFoundError:
             old = None
+        if old is not None and stat.S_ISLNK(old.st_mode):
+            self._target = os.path.realpath(self._path)
+            try:
+                old = os.stat(self._target)
+            except FileNotFoundError:
+                old = None
         if old is not None:
             if stat.S_ISDIR(old.st_mode):
                 raise _error(errno.EISDIR, self._path)
@@ -301,7 +314,9 @@ class FileSink:
             self._target, lambda name: os.open(name, flags, create_mode)
         )
         self._fd = fd
-        self._device = os.fstat(fd).st_dev
+        created = os.fstat(fd)
+        self._device = created.st_dev
+        self._created_owner = (created.st_uid, created.st_gid)
 
     def preallocate(self, size: int) -> None:
         """Reserve ``size`` bytes up front so a full disk fails before any data moves."""
@@ -338,18 +353,20 @@ class FileSink:
             self._fd = None
             os.close(fd)
             return
-        if self._owner is not None:
-            current = os.fstat(fd)
-            if (current.st_uid, current.st_gid) != self._owner:
-                with contextlib.suppress(PermissionError):
-                    os.fchown(fd, *self._owner)
+        # The temporary is this sink's own fresh file: its owner is still the
+        # one fstat saw when ``open`` created it.
+        if self._owner is not None and self._created_owner != self._owner:
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, *self._owner)
         if self._final_mode is not None:
             os.fchmod(fd, self._final_mode)
+        # Data, owner and mode on disk before any name points at them.
         os.fsync(fd)
         self._fd = None
         os.close(fd)
         os.rename(self._temp, self._target)
         self._temp = None
+        # The rename is durable only once its directory is.
         _fsync_directory(os.path.dirname(self._target))
 
     def abort(self) -> None:

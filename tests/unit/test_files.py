@@ -524,6 +524,26 @@ def test_write_through_symlink_updates_the_link_target(tmp_path: Path) -> None:
     assert leftovers(tmp_path, {"real.txt", "link.txt"}) == set()
 
 
+def test_write_through_a_dangling_symlink_creates_the_file_it_names(tmp_path: Path) -> None:
+    link = tmp_path / "link.txt"
+    link.symlink_to("missing.txt")
+    run(CAP.files_write(WriteParams(checksum=True, path=str(link), data=b"new"), LocalContext()))
+    assert link.is_symlink() and (tmp_path / "missing.txt").read_bytes() == b"new"
+    assert leftovers(tmp_path, {"missing.txt", "link.txt"}) == set()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="giving a file to another user needs root")
+def test_atomic_write_keeps_the_old_owner_and_mode(tmp_path: Path) -> None:
+    target = tmp_path / "theirs.txt"
+    target.write_bytes(b"old")
+    os.chown(target, 1001, 1001)
+    target.chmod(0o604)
+    run(CAP.files_write(WriteParams(checksum=True, path=str(target), data=b"new"), LocalContext()))
+    info = target.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1001, 1001, 0o604)
+    assert target.read_bytes() == b"new"
+
+
 def test_write_refuses_special_files_without_waiting(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
