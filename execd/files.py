@@ -161,7 +161,8 @@ class FilesCapability:
         """Read a byte range of a regular file, inline or on the ``data`` stream.
 
         The content is inline in the result when it fits one reply frame
-        (at most ``max_chunk - REPLY_OVERHEAD`` bytes) and streaming was not
+        (at most ``max_chunk - REPLY_OVERHEAD`` bytes, and at most
+        ``inline_max`` when the client sets it) and streaming was not
         requested; otherwise it is sent on the ``data`` stream in blocks
         (waiting for flow-control credit), ended with an empty final chunk. If
         the file turns out longer than its size said (it grew, or it is a
@@ -191,6 +192,8 @@ class FilesCapability:
                 {"size": expected, "max_bytes": params.max_bytes},
             )
         inline_limit = max(ctx.max_chunk - REPLY_OVERHEAD, 0)
+        if params.inline_max is not None:
+            inline_limit = min(inline_limit, params.inline_max)
         streaming = params.stream or expected > inline_limit
         hasher = hashlib.sha256() if params.checksum else None
         held: list[bytes] = []

@@ -33,6 +33,10 @@ R = TypeVar("R")
 _NO_PARAMS = core.NoParams()
 #: Block size for uploads from local files.
 UPLOAD_BLOCK = 1024 * 1024
+#: Most bytes ``read_file`` takes inline in the reply; larger content is streamed. A
+#: result is copied as it is decoded, and kept whole for an attach while the call's
+#: outcome is retained (a stream's chunks are neither).
+READ_INLINE_MAX = 64 * 1024
 
 
 def _local_error(action: str, local_path: str, exc: OSError) -> LocalFileError:
@@ -191,6 +195,8 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
     ) -> bytes:
         """The bytes of a workspace file (whole, or a range); large files arrive streamed.
 
+        Content of at most :data:`READ_INLINE_MAX` bytes comes inline in the
+        reply (one frame); more comes on the stream, whose chunks cost no copy.
         Blocks are copied into one growing buffer as they arrive and dropped,
         so the content is written into fresh memory once (a list joined at the
         end would be twice) and the next block reuses the last one's memory.
@@ -198,7 +204,13 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         first = b""
         gathered: io.BytesIO | None = None
         async for data in self.iter_file(
-            path, offset=offset, length=length, max_bytes=max_bytes, checksum=checksum
+            path,
+            offset=offset,
+            length=length,
+            max_bytes=max_bytes,
+            checksum=checksum,
+            stream=False,
+            inline_max=READ_INLINE_MAX,
         ):
             if gathered is not None:
                 gathered.write(data)
@@ -221,13 +233,15 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         max_bytes: int | None = None,
         checksum: bool = False,
         stream: bool = True,
+        inline_max: int | None = None,
     ) -> AsyncIterator[bytes]:
         """Yield a workspace file's bytes block by block, with bounded memory.
 
         With ``checksum`` both sides hash the content and a mismatch raises
         ProtocolViolation (it costs a SHA-256 pass on each side). With
-        ``stream=False`` content that fits one reply frame comes inline in the
-        result (one frame instead of three); larger content streams anyway.
+        ``stream=False`` content that fits one reply frame (and is at most
+        ``inline_max`` bytes, when given) comes inline in the result (one
+        frame instead of three); larger content streams anyway.
         """
         params = files.READ.params_from(locals())
         handle = self.start(files.READ, params)

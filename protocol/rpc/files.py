@@ -51,7 +51,10 @@ class ReadParams(Schema):
 
     ``max_bytes`` guards the caller: when the requested range holds more bytes
     the call fails with TOO_LARGE and ``data = {"size": ...}``. ``stream``
-    forces the content onto the ``data`` stream even when it would fit inline.
+    forces the content onto the ``data`` stream even when it would fit inline;
+    ``inline_max`` sends content of more bytes than that on the stream (a
+    client that reads the stream keeps small content in one reply frame and
+    large content off it, where chunks cost no copy).
     ``checksum`` asks for the SHA-256 of the bytes sent (it costs a pass over
     them on both sides, so it is off by default: TCP and the optional AEAD
     already protect the transfer).
@@ -63,6 +66,7 @@ class ReadParams(Schema):
     max_bytes: Size | None = None
     stream: bool = False
     checksum: bool = False
+    inline_max: Size | None = None
 
 
 class ReadResult(Schema):

@@ -12,6 +12,7 @@ import pytest
 
 import harnessd
 from harnessd import ExecdClient, errors
+from harnessd.api import READ_INLINE_MAX
 from protocol.ledger_chain import GENESIS_HASH, chain_hashes
 from tests.conftest import one_loop
 from tests.support.daemon import RunningExecd, start_execd
@@ -44,10 +45,13 @@ async def test_small_and_large_files_round_trip(tmp_path: Path, client: ExecdCli
 
 
 async def test_read_file_returns_every_block_in_order(tmp_path: Path, client: ExecdClient) -> None:
-    """Streamed blocks (spliced frames at execd, gathered in one buffer here) keep their order."""
+    """Inline and streamed content (spliced frames at execd, gathered in one buffer here) arrive
+    whole and in order, on either side of read_file's inline bound."""
     block = 1024 * 1024
     content = hashlib.shake_256(b"order").digest(5 * block // 2)  # no block repeats another
-    for size in (0, 1, block - 1, block, block + 1, 2 * block, len(content)):
+    inline = READ_INLINE_MAX  # up to it in the reply, more on the stream
+    sizes = (0, 1, inline - 1, inline, inline + 1, block - 1, block, block + 1, 2 * block)
+    for size in (*sizes, len(content)):
         path = tmp_path / f"f{size}"
         path.write_bytes(content[:size])
         assert await client.read_file(str(path)) == content[:size]

@@ -239,6 +239,28 @@ def test_read_streams_when_content_exceeds_one_frame(tmp_path: Path) -> None:
     assert inline.data == content and not big_ctx.sent
 
 
+def test_read_inline_max_streams_what_exceeds_it_and_inlines_the_rest(tmp_path: Path) -> None:
+    content = random.Random(2).randbytes(100_000)
+    target = tmp_path / "inline.bin"
+    target.write_bytes(content)
+    big_frames = 1024 * 1024
+    # Over inline_max: streamed although one reply frame would hold it.
+    ctx = LocalContext(max_chunk=big_frames)
+    params = ReadParams(path=str(target), inline_max=len(content) - 1)
+    result = run(CAP.files_read(params, ctx))
+    assert result.streamed and result.data is None and ctx.received("data") == content
+    # At most inline_max: inline, nothing on the stream.
+    ctx = LocalContext(max_chunk=big_frames)
+    params = ReadParams(path=str(target), inline_max=len(content))
+    result = run(CAP.files_read(params, ctx))
+    assert not result.streamed and result.data == content and not ctx.sent
+    # The frame still bounds it: a larger inline_max does not make a reply too large.
+    ctx = LocalContext(max_chunk=64 * 1024)
+    params = ReadParams(path=str(target), inline_max=len(content))
+    result = run(CAP.files_read(params, ctx))
+    assert result.streamed and ctx.received("data") == content
+
+
 def test_read_max_bytes(tmp_path: Path) -> None:
     target = tmp_path / "m.bin"
     target.write_bytes(b"x" * 1000)
