@@ -201,17 +201,10 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         so the content is written into fresh memory once (a list joined at the
         end would be twice) and the next block reuses the last one's memory.
         """
+        params = files.READ.params_from(locals(), inline_max=READ_INLINE_MAX)
         first = b""
         gathered: io.BytesIO | None = None
-        async for data in self.iter_file(
-            path,
-            offset=offset,
-            length=length,
-            max_bytes=max_bytes,
-            checksum=checksum,
-            stream=False,
-            inline_max=READ_INLINE_MAX,
-        ):
+        async for data in self._read(params):
             if gathered is not None:
                 gathered.write(data)
             elif not first:
@@ -224,7 +217,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         # getvalue() hands out the buffer itself, without a copy.
         return gathered.getvalue() if gathered is not None else first
 
-    async def iter_file(
+    def iter_file(
         self,
         path: str,
         *,
@@ -243,9 +236,13 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         ``inline_max`` bytes, when given) comes inline in the result (one
         frame instead of three); larger content streams anyway.
         """
-        params = files.READ.params_from(locals())
+        return self._read(files.READ.params_from(locals()))
+
+    async def _read(self, params: files.ReadParams) -> AsyncIterator[bytes]:
+        """The blocks of one files.read call, its received bytes and checksum verified."""
+        path = params.path
         handle = self.start(files.READ, params)
-        digest = hashlib.sha256() if checksum else None
+        digest = hashlib.sha256() if params.checksum else None
         received = 0
         try:
             async for data in handle.stream(files.DATA_STREAM):
