@@ -219,7 +219,7 @@ def _explicit_state_dir(path: str) -> str:
 
 
 def _collect_from_now_on() -> None:
-    """Turn the collector back on if startup turned it off, what startup made frozen.
+    """Turn the collector back on if startup turned it off, with what startup made frozen.
 
     Frozen objects stay out of every later collection, so serving does not walk
     execd's own modules either.

@@ -116,7 +116,10 @@ def from_raw(raw: msgspec.Raw | bytes, type: type[T]) -> T:
     :class:`NestingTooDeep`, a ``msgspec.ValidationError`` like any other.
     Each type's decoder is made once (up to :data:`_MAX_DECODERS` types).
     """
-    decoder = _decoders.get(type)
+    try:
+        decoder = _decoders.get(type)
+    except TypeError:  # an unhashable type (an Annotated with unhashable metadata)
+        decoder = msgspec.msgpack.Decoder(type)
     if decoder is None:
         decoder = msgspec.msgpack.Decoder(type)
         if len(_decoders) < _MAX_DECODERS:

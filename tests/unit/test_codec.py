@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -87,6 +87,20 @@ def test_call_with_deep_params_decodes_and_its_params_are_refused(depth: int) ->
         decode_payload(msgspec.msgpack.Decoder(Any), nested(depth))
     with pytest.raises(NestingTooDeep):
         from_raw(nested(depth), Any)
+
+
+class _Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_from_raw_decodes_and_validates_alike_with_a_kept_decoder_or_without() -> None:
+    # A hashable type's decoder is kept after its first use; an unhashable one is made each time.
+    for kind in (Annotated[int, msgspec.Meta(ge=0)], Annotated[int, _Unhashable()]):
+        for _ in range(2):
+            assert from_raw(b"\x05", kind) == 5
+            with pytest.raises(msgspec.ValidationError):
+                from_raw(b"\xa1x", kind)
+    assert from_raw(msgspec.Raw(b"\x91\x01"), list[int]) == [1]
 
 
 def test_nesting_near_the_limit_decodes_or_is_invalid_message() -> None:
