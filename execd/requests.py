@@ -429,13 +429,8 @@ class RequestTable:
                 for name, out in sorted(req.streams.items())
             )
             output = sum(out.size for out in req.streams.values())
-        kept: Kept
-        if isinstance(outcome, ExecdError):
-            size = output + ENTRY_OVERHEAD + len(outcome.message) + 64
-            kept = _compact(outcome)
-        else:
-            size = output + ENTRY_OVERHEAD + len(outcome)
-            kept = (outcome, 0, "", b"")  # as _compact() keeps a result
+        kept, cost = _compact(outcome)
+        size = output + ENTRY_OVERHEAD + cost
         finished = self._finished
         finished[rid] = (size, (kept, streams))
         self._finish_order.append(rid)
@@ -569,7 +564,7 @@ class RequestTable:
             if req.sink is ctx:
                 self._unbind(req)
         assert req.outcome is not None
-        return _expand(_compact(req.outcome))
+        return _expand(_compact(req.outcome)[0])
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
@@ -640,11 +635,12 @@ def _check_offsets(bases: list[tuple[str, int]], offsets: dict[str, int]) -> Non
             )
 
 
-def _compact(outcome: Outcome) -> Kept:
+def _compact(outcome: Outcome) -> tuple[Kept, int]:
+    """``outcome`` as the retention window keeps it, and the bytes that costs."""
     if isinstance(outcome, ExecdError):
         data = b"" if outcome.data is None else bytes(to_raw(outcome.data))
-        return (None, int(outcome.code), outcome.message, data)
-    return (outcome, 0, "", b"")
+        return (None, int(outcome.code), outcome.message, data), len(outcome.message) + 64
+    return (outcome, 0, "", b""), len(outcome)
 
 
 def _expand(kept: Kept) -> msgspec.Raw:

@@ -255,8 +255,7 @@ class ServerProtocol(FramedProtocol):
             return
         params: Any
         try:
-            decoder = server.decoders.get(method.name) or server.decoder(method)
-            params = decode_payload(decoder, call.params)
+            params = decode_payload(server.decoders[method.params], call.params)
         except msgspec.DecodeError as exc:
             if isinstance(exc, NestingTooDeep):
                 log.info(
@@ -364,6 +363,15 @@ class ServerProtocol(FramedProtocol):
             )
 
 
+class _Decoders(dict[type, msgspec.msgpack.Decoder[Any]]):
+    """Params decoders by params type: a lookup of a type not seen yet makes its decoder."""
+
+    def __missing__(self, params: type) -> msgspec.msgpack.Decoder[Any]:
+        decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(params)
+        self[params] = decoder
+        return decoder
+
+
 class Server:
     """The listening side of execd: admission limits, the lease, the dispatch table."""
 
@@ -393,16 +401,8 @@ class Server:
         self.stopping = asyncio.Event()
         self.host = config.host
         self.port = config.port
-        #: Params decoders by method name, made by :meth:`decoder` on first use.
-        self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
-
-    def decoder(self, method: Method) -> msgspec.msgpack.Decoder[Any]:
-        """The params decoder of ``method`` (made once, kept for the server's life)."""
-        decoder = self.decoders.get(method.name)
-        if decoder is None:
-            decoder = msgspec.msgpack.Decoder(method.params)
-            self.decoders[method.name] = decoder
-        return decoder
+        #: Params decoders by params type, each made on first use and kept.
+        self.decoders = _Decoders()
 
     async def start(self) -> None:
         """Bind and listen; afterwards ``self.port`` is the port the kernel picked."""
