@@ -337,8 +337,9 @@ def _start(
     stderr_fd: int,
 ) -> tuple[int, subprocess.Popen[bytes] | None]:
     """Start the process; ``(pid, popen or None)``. ``stdin_fd < 0``: /dev/null."""
-    elsewhere = cwd is not None and cwd != os.getcwd()
-    if elsewhere and not spawn_at.available():
+    # With the chdir action, a cwd (even execd's own) costs no getcwd() here.
+    at = cwd is not None and spawn_at.available()
+    if cwd is not None and not at and cwd != os.getcwd():
         _make_interrupts_inheritable_as_default()
         popen = subprocess.Popen(
             argv,
@@ -361,7 +362,7 @@ def _start(
         (os.POSIX_SPAWN_DUP2, stderr_fd, 2),
     ]
     _sweep_inherited_fds()
-    if elsewhere:
+    if at:
         assert cwd is not None
         return _spawn_in(argv, env, cwd, actions), None
     if env.get("PATH") == os.environ.get("PATH"):

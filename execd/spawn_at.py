@@ -1,18 +1,22 @@
-"""``posix_spawn`` with a working directory, through glibc's own ``addchdir_np`` action.
+"""``posix_spawn`` through :mod:`ctypes`: vectors and file actions kept, and a working directory.
 
 ``os.posix_spawn`` has no working-directory action (up to Python 3.13 at
 least), although glibc has had ``posix_spawn_file_actions_addchdir_np`` since
 2.29: the child changes directory after the stdio actions and before exec,
 and a failed ``chdir`` comes back as the call's errno exactly like a failed
 exec. This module calls glibc's ``posix_spawn``/``posix_spawnp`` through
-:mod:`ctypes` with the same actions :func:`execd.spawn._start` gives
-``os.posix_spawn``, plus that one, so a command with a ``cwd`` starts at the
-cost of one without (``subprocess.Popen`` costs about 0.4 ms more here:
-``python -m bench.spawn``).
+:mod:`ctypes` with the same actions :func:`execd.spawn._start` would give
+``os.posix_spawn``, plus that one when a ``cwd`` is asked for.
+
+What would make it cost more than ``os.posix_spawn`` is kept between calls:
+the last ``envp`` vector (reused for the very same variables), initialized
+spawn attributes, and initialized file actions for the descriptors and
+directories of the latest spawns (a command's pipes mostly get the numbers
+the previous command's had). ``python -m bench.spawn`` compares the two.
 
 :func:`available` is false where the C library lacks the action (musl,
-older glibc); callers then use ``subprocess.Popen``. :mod:`ctypes` is
-imported on the first use, not when execd starts.
+older glibc); callers then use ``os.posix_spawn`` or ``subprocess.Popen``.
+:mod:`ctypes` is imported on the first use, not when execd starts.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ _SETSIGDEF: Final = 0x04
 _SETSID: Final = 0x80
 #: Room for glibc's posix_spawnattr_t (336 bytes on x86-64), file actions (80) and sigset_t (128).
 _OPAQUE: Final = 1024
+#: Initialized file actions kept (their descriptors and directory as the key); the oldest goes first.
+_KEPT_ACTIONS: Final = 16
 
 _POINTER_TYPE: Final = "Q"
 
@@ -66,10 +72,11 @@ class _Libc:
         if ctypes.sizeof(ctypes.c_void_p) != array.array(_POINTER_TYPE).itemsize:
             raise OSError(errno.ENOSYS, "pointers of an unexpected size")
         self.attributes: dict[tuple[bool, tuple[int, ...]], Any] = {}
+        self.actions: dict[tuple[tuple[tuple[Any, ...], ...], str], Any] = {}
         self.opaque = ctypes.c_char * _OPAQUE
-        #: The last environment (its items) and its vector: commands mostly repeat it.
+        #: The last environment (a copy, its names in order) and its vector: commands mostly repeat it.
         self.environment: (
-            tuple[tuple[tuple[str, str], ...], tuple[int, array.array[int], bytes]] | None
+            tuple[dict[str, str], list[str], tuple[int, array.array[int], array.array[int]]] | None
         ) = None
 
 
@@ -92,10 +99,10 @@ def available() -> bool:
     return _load() is not None
 
 
-def _vector(ctypes: Any, items: list[str]) -> tuple[int, array.array[int], bytes]:
+def _vector(items: list[str]) -> tuple[int, array.array[int], array.array[int]]:
     """The address of a NULL-terminated ``char *[]`` holding ``items``, and what it points into.
 
-    Both returned objects must stay alive until the call that uses the
+    Both returned arrays must stay alive until the call that uses the
     address returns. One joined, encoded buffer and an ``array`` of the
     addresses in it, computed by C-level iterators: a ``c_char_p`` array built
     item by item costs ten times as much. Raises ValueError for a NUL in an item.
@@ -103,30 +110,36 @@ def _vector(ctypes: Any, items: list[str]) -> tuple[int, array.array[int], bytes
     joined = "\0".join(items)
     if joined.count("\0") != max(len(items) - 1, 0):
         raise ValueError("embedded null byte")
-    blob = (joined + "\0").encode("utf-8", "surrogateescape")
-    base: int = ctypes.cast(ctypes.c_char_p(blob), ctypes.c_void_p).value
-    lengths = map(len, blob.split(b"\0")[: len(items) - 1])
-    starts = map(operator.add, itertools.accumulate(lengths, initial=0), itertools.count(base))
-    pointers = array.array(_POINTER_TYPE, starts if items else ())
-    pointers.append(0)
+    blob = array.array("B", (joined + "\0").encode("utf-8", "surrogateescape"))
+    base: int = blob.buffer_info()[0]
+    if len(items) == 1:
+        pointers = array.array(_POINTER_TYPE, (base, 0))
+    else:
+        lengths = map(len, blob.tobytes().split(b"\0")[: len(items) - 1])
+        starts = map(operator.add, itertools.accumulate(lengths, initial=0), itertools.count(base))
+        pointers = array.array(_POINTER_TYPE, starts if items else ())
+        pointers.append(0)
     return pointers.buffer_info()[0], pointers, blob
 
 
-def _environment(libc: _Libc, env: Mapping[str, str]) -> tuple[int, array.array[int], bytes]:
+def _environment(
+    libc: _Libc, env: Mapping[str, str]
+) -> tuple[int, array.array[int], array.array[int]]:
     """The ``envp`` vector of ``env``: the last one again when ``env`` holds the same entries.
 
-    Building it is most of this module's cost per spawn (python -m bench.spawn),
-    and the commands of a session mostly share one environment. Raises
-    ValueError for a name no environment can hold or a NUL byte.
+    The same entries means the same names in the same order with the same
+    values. Building it is most of this module's cost per spawn
+    (python -m bench.spawn), and the commands of a session mostly share one
+    environment. Raises ValueError for a name no environment can hold or a
+    NUL byte.
     """
-    items = tuple(env.items())
     last = libc.environment
-    if last is not None and last[0] == items:
-        return last[1]
+    if last is not None and last[0] == env and list(env) == last[1]:
+        return last[2]
     if "=" in "".join(env) or "" in env:
         raise ValueError("illegal environment variable name")
-    vector = _vector(libc.ctypes, list(map("=".join, items)))
-    libc.environment = (items, vector)
+    vector = _vector(list(map("=".join, env.items())))
+    libc.environment = (dict(env), list(env), vector)
     return vector
 
 
@@ -155,6 +168,44 @@ def _attributes(libc: _Libc, setsid: bool, setsigdef: tuple[int, ...]) -> Any:
     return attr
 
 
+def _file_actions(libc: _Libc, file_actions: Sequence[tuple[Any, ...]], cwd: str) -> Any:
+    """Initialized file actions for these stdio actions and ``cwd``, made once and kept.
+
+    ``posix_spawn`` only reads them, and a command's pipes mostly get the
+    descriptor numbers the previous command's had. The :data:`_KEPT_ACTIONS`
+    latest are kept; the oldest is destroyed to make room.
+    """
+    key = (tuple(file_actions), cwd)
+    kept = libc.actions.get(key)
+    if kept is not None:
+        return kept
+    if "\0" in cwd:
+        raise ValueError("embedded null byte")
+    c = libc.c
+    actions = libc.opaque()
+    _check(c.posix_spawn_file_actions_init(actions))
+    try:
+        for action in file_actions:
+            if action[0] == os.POSIX_SPAWN_DUP2:
+                _check(c.posix_spawn_file_actions_adddup2(actions, action[1], action[2]))
+            elif action[0] == os.POSIX_SPAWN_OPEN:
+                _, fd, name, flags, mode = action
+                _check(
+                    c.posix_spawn_file_actions_addopen(actions, fd, os.fsencode(name), flags, mode)
+                )
+            else:
+                raise ValueError(f"unsupported file action {action[0]}")
+        _check(c.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)))
+    except BaseException:
+        c.posix_spawn_file_actions_destroy(actions)
+        raise
+    if len(libc.actions) >= _KEPT_ACTIONS:
+        oldest = next(iter(libc.actions))
+        c.posix_spawn_file_actions_destroy(libc.actions.pop(oldest))
+    libc.actions[key] = actions
+    return actions
+
+
 def spawn_in(
     path: str,
     argv: Sequence[str],
@@ -179,29 +230,14 @@ def spawn_in(
         raise OSError(errno.ENOSYS, "posix_spawn cannot change directory with this C library")
     ctypes, c = libc.ctypes, libc.c
     env_address, *env_keep = _environment(libc, env)
-    if "\0" in path or "\0" in cwd:
+    if "\0" in path:
         raise ValueError("embedded null byte")
-    program, directory = os.fsencode(path), os.fsencode(cwd)
+    program = os.fsencode(path)
     attr = _attributes(libc, setsid, tuple(setsigdef))
-    actions = libc.opaque()
-    _check(c.posix_spawn_file_actions_init(actions))
-    try:
-        for action in file_actions:
-            if action[0] == os.POSIX_SPAWN_DUP2:
-                _check(c.posix_spawn_file_actions_adddup2(actions, action[1], action[2]))
-            elif action[0] == os.POSIX_SPAWN_OPEN:
-                _, fd, name, flags, mode = action
-                _check(
-                    c.posix_spawn_file_actions_addopen(actions, fd, os.fsencode(name), flags, mode)
-                )
-            else:
-                raise ValueError(f"unsupported file action {action[0]}")
-        _check(c.posix_spawn_file_actions_addchdir_np(actions, directory))
-        argv_address, *argv_keep = _vector(ctypes, list(argv))
-        pid = ctypes.c_int(0)
-        function = c.posix_spawnp if search else c.posix_spawn
-        _check(function(ctypes.byref(pid), program, actions, attr, argv_address, env_address))
-        del argv_keep, env_keep
-        return int(pid.value)
-    finally:
-        c.posix_spawn_file_actions_destroy(actions)
+    actions = _file_actions(libc, file_actions, cwd)
+    argv_address, *argv_keep = _vector(list(argv))
+    pid = ctypes.c_int(0)
+    function = c.posix_spawnp if search else c.posix_spawn
+    _check(function(ctypes.byref(pid), program, actions, attr, argv_address, env_address))
+    del argv_keep, env_keep
+    return int(pid.value)
