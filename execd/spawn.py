@@ -7,27 +7,33 @@ Spawning
     session and process group), stdin on ``/dev/null`` or a pipe, and
     stdout/stderr on pipes:
 
-    * without a working directory (or with execd's own), through
-      ``os.posix_spawnp`` (or ``os.posix_spawn`` after a ``PATH`` search in
+    * without a working directory, through ``os.posix_spawnp`` (or ``os.posix_spawn`` after a ``PATH`` search in
       the command's environment when its ``PATH`` differs from execd's):
       glibc clones with ``CLONE_VM|CLONE_VFORK``, applies the three stdio
       actions, resets SIGPIPE/SIGXFSZ to their defaults and execs; exec
       failures come back as the call's errno. It closes nothing else in the
       child, so descriptors execd inherited are made close-on-exec once
       (everything Python opens already is);
-    * with another working directory, the same through glibc's
-      ``posix_spawn`` called with :mod:`ctypes` (:mod:`execd.spawn_at`),
-      which adds a ``chdir`` action (``os.posix_spawn`` has none); where the
-      C library lacks it, through :class:`subprocess.Popen`, which also uses
-      ``vfork``, changes directory in the child, closes stray descriptors and
-      reports ``chdir``/exec failures with their errno.
+    * with a working directory, the same through glibc's ``posix_spawn``
+      called with :mod:`ctypes` (:mod:`execd.spawn_at`), which adds a
+      ``chdir`` action (``os.posix_spawn`` has none) and keeps what it can
+      between calls (the environment vector, the attributes, the file
+      actions), so asking for a directory costs no ``getcwd()`` and stays
+      within about 20 us of ``os.posix_spawnp``; where the C library lacks
+      the action, through :class:`subprocess.Popen` when the directory is
+      not execd's own (the ``posix_spawnp`` path when it is), which also
+      uses ``vfork``, changes directory in the child, closes stray
+      descriptors and reports ``chdir``/exec failures with their errno.
 
     Measured with ``python -m bench.spawn`` (spawn ``true``, wait, read its
     output to EOF): the posix_spawn path costs about what a blocking
     ``subprocess.run`` does and well under the event loops' own
     ``create_subprocess_exec``, which add transports, protocols and a child
     watcher per process; the Popen path costs a Python-level Popen more
-    (about 0.4 ms), the ctypes path a few microseconds.
+    (about 0.2 ms for the constructor alone). Inside the ``vfork`` window,
+    glibc's child resets every signal's disposition (about 120
+    ``rt_sigaction`` calls, where CPython's own ``fork_exec`` makes about
+    60): a cost of ``posix_spawn`` itself, paid while execd waits.
 
 Exit watching
     The parent holds a pidfd of the child (``os.pidfd_open``, Linux 5.3) and

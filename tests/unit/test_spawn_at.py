@@ -108,3 +108,46 @@ async def test_each_spawn_gets_its_own_environment(way: str, tmp_path: Path) -> 
     renamed = {**{k: v for k, v in ENV.items() if k != "A"}, "A=B": "c"}
     with pytest.raises(InvalidParams):
         sp.spawn(show, env=renamed, cwd=str(tmp_path))
+
+
+async def test_kept_file_actions_follow_each_spawns_directory_and_pipes(
+    way: str, tmp_path: Path
+) -> None:
+    """More directories than the kept file actions, each twice: every command runs where it was
+    asked, with its own pipes and stdin, and what is kept stays bounded."""
+    count = spawn_at._KEPT_ACTIONS + 4
+    directories = [tmp_path / f"d{index}" for index in range(count)]
+    for directory in directories:
+        directory.mkdir()
+    show = ["/bin/sh", "-c", "pwd; read line; echo $line >&2"]
+    for directory in [*directories, *directories]:
+        child = sp.spawn(show, env=ENV, cwd=str(directory), stdin_pipe=True)
+        assert child.stdin is not None
+        os.write(child.stdin, f"in:{directory.name}\n".encode())
+        child.close_stdin()
+        status, out, err = await collect(child)
+        assert (status, out, err) == (
+            0,
+            f"{directory}\n".encode(),
+            f"in:{directory.name}\n".encode(),
+        )
+    libc = spawn_at._load()
+    if way == "posix_spawn":
+        assert libc is not None
+        assert 0 < len(libc.actions) <= spawn_at._KEPT_ACTIONS
+
+
+async def test_the_same_variables_in_another_order_reach_the_child_in_that_order(
+    way: str, tmp_path: Path
+) -> None:
+    """The kept environment vector is reused only for the same names in the same order."""
+    base = {k: v for k, v in ENV.items() if k not in ("A_FIRST", "B_SECOND")}
+    ordered = {"A_FIRST": "1", "B_SECOND": "2", **base}
+    reordered = {"B_SECOND": "2", "A_FIRST": "1", **base}
+    names = [b"A_FIRST", b"B_SECOND"]
+    for env, expected in ((ordered, names), (reordered, names[::-1]), (ordered, names)):
+        _, out, _ = await collect(
+            sp.spawn(["/bin/cat", "/proc/self/environ"], env=env, cwd=str(tmp_path))
+        )
+        seen = [entry.split(b"=", 1)[0] for entry in out.split(b"\0")]
+        assert [name for name in seen if name in names] == expected
