@@ -7,8 +7,9 @@ Spawning
     session and process group), stdin on ``/dev/null`` or a pipe, and
     stdout/stderr on pipes:
 
-    * without a working directory, through ``os.posix_spawnp`` (or ``os.posix_spawn`` after a ``PATH`` search in
-      the command's environment when its ``PATH`` differs from execd's):
+    * without a working directory, through ``os.posix_spawnp`` (or
+      ``os.posix_spawn`` after a ``PATH`` search in the command's
+      environment when its ``PATH`` differs from execd's):
       glibc clones with ``CLONE_VM|CLONE_VFORK``, applies the three stdio
       actions, resets SIGPIPE/SIGXFSZ to their defaults and execs; exec
       failures come back as the call's errno. It closes nothing else in the
