@@ -38,9 +38,9 @@ Spawning
 
 Exit watching
     The parent holds a pidfd of the child (``os.pidfd_open``, Linux 5.3) and
-    watches it with ``loop.add_reader``: the pidfd becomes readable when the
-    child exits, and the callback reaps exactly that pid with
-    ``waitpid(pid, WNOHANG)``. No SIGCHLD handler, no watcher thread, and the
+    watches it with :class:`execd.pipes.Readiness` (as the child's pipes):
+    the pidfd becomes readable when the child exits, and the callback reaps
+    exactly that pid with ``waitpid(pid, WNOHANG)``. No SIGCHLD handler, no watcher thread, and the
     same code runs on uvloop and on asyncio's own loops. A child that
     :func:`spawn` started is tracked (:func:`execd.reaper.track`) until it is
     reaped, so the orphan reaper never takes its status; its exit asks the
@@ -65,7 +65,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from execd import procfs, reaper, spawn_at
+from execd import pipes, procfs, reaper, spawn_at
 from execd.errors import InvalidParams, SpawnFailed
 
 if TYPE_CHECKING:
@@ -123,11 +123,13 @@ class Child:
     exited: asyncio.Future[int] = field(init=False)
     limits: Plan | None = field(init=False, default=None)
     _waiters: list[asyncio.Future[int]] = field(init=False, default_factory=list)
+    _readiness: pipes.Readiness = field(init=False)
 
     def __post_init__(self) -> None:
         self.ended = self.started
         self.exited = self._loop.create_future()
-        self._loop.add_reader(self._pidfd, self._on_pidfd)
+        self._readiness = pipes.readiness()
+        self._readiness.add(self._pidfd, self._on_pidfd)
 
     def wait(self) -> asyncio.Future[int]:
         """A new future of the wait status; cancelling it concerns no one else."""
@@ -155,7 +157,7 @@ class Child:
 
     def _finish(self, status: int) -> None:
         self.ended = time.monotonic()
-        self._loop.remove_reader(self._pidfd)
+        self._readiness.remove(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
         reaper.untrack(self.pid)
