@@ -73,10 +73,15 @@ class Readiness:
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], Readiness] | None = None
 
 
-def readiness() -> Readiness:
-    """The running event loop's :class:`Readiness`, made on first use."""
+def readiness(loop: asyncio.AbstractEventLoop | None = None) -> Readiness:
+    """The :class:`Readiness` of ``loop`` (the running one by default), made on first use.
+
+    Passing the loop spares a ``getpid()``: Python 3.11 makes one in every
+    ``asyncio.get_running_loop()``.
+    """
     global _last
-    loop = asyncio.get_running_loop()
+    if loop is None:
+        loop = asyncio.get_running_loop()
     if _last is not None and _last[0]() is loop:
         return _last[1]
     found = _instances.get(loop)
@@ -125,7 +130,7 @@ class PipeReader:
         high_water: int = HIGH_WATER,
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        self._readiness = readiness()
+        self._readiness = readiness(self._loop)
         self._fd = fd
         self._sink = sink
         self._high_water = high_water

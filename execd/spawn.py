@@ -128,7 +128,7 @@ class Child:
     def __post_init__(self) -> None:
         self.ended = self.started
         self.exited = self._loop.create_future()
-        self._readiness = pipes.readiness()
+        self._readiness = pipes.readiness(self._loop)
         self._readiness.add(self._pidfd, self._on_pidfd)
 
     def wait(self) -> asyncio.Future[int]:
