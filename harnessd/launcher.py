@@ -306,9 +306,7 @@ class Session:
             # The log tells what went wrong; after a clean close nobody needs it.
             keep_log = not (result.clean and rpc_error is None and exit_code == 0)
         housekeeping_error = await self._housekeeping(keep_log)
-        result = replace(
-            result, housekeeping_error=housekeeping_error, log_kept=keep_log
-        )
+        result = replace(result, housekeeping_error=housekeeping_error, log_kept=keep_log)
         if result.remaining:
             log.error("session %s: marked processes survived cleanup: %s", self.marker, remaining)
         return result
