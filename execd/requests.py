@@ -184,14 +184,18 @@ class Request:
     outcome: Outcome | None = field(default=None, init=False)
     done: asyncio.Future[None] | None = field(default=None, init=False)
     attached: asyncio.Future[None] | None = field(default=None, init=False)
-    streams: dict[str, _Output] = field(default_factory=dict, init=False)
+    #: Output kept per stream (None until the handler sends any: most calls never do).
+    streams: dict[str, _Output] | None = field(default=None, init=False)
     grace: asyncio.TimerHandle | None = field(default=None, init=False)
     lost: bool = field(default=False, init=False)
 
     def output(self, stream: str) -> _Output:
-        out = self.streams.get(stream)
+        streams = self.streams
+        if streams is None:
+            streams = self.streams = {}
+        out = streams.get(stream)
         if out is None:
-            out = self.streams[stream] = _Output()
+            out = streams[stream] = _Output()
         return out
 
     # -- the CallContext of the tracked call ----------------------------------------------
@@ -406,7 +410,7 @@ class RequestTable:
         streams: tuple[KeptStream, ...] = ()
         output = 0
         if req.streams:  # most calls have none: spare them the generators
-            streams, output = self._keep_output(req)
+            streams, output = self._keep_output(req, req.streams)
         req.task = req.sink = req.bound_to = req.origin = None
         if req.grace is not None:
             req.grace.cancel()
@@ -431,14 +435,15 @@ class RequestTable:
         if len(finished) > self.max_count or self.kept_bytes > self.max_bytes:
             self._evict()
 
-    def _keep_output(self, req: Request) -> tuple[tuple[KeptStream, ...], int]:
+    def _keep_output(
+        self, req: Request, outputs: dict[str, _Output]
+    ) -> tuple[tuple[KeptStream, ...], int]:
         """The output ``req`` keeps once finished, and its size; if it is large and was
         answered on a connection, its receipt there is awaited to let it go."""
         streams = tuple(
-            (name, out.base, tuple(out.chunks), out.ended)
-            for name, out in sorted(req.streams.items())
+            (name, out.base, tuple(out.chunks), out.ended) for name, out in sorted(outputs.items())
         )
-        output = sum(out.size for out in req.streams.values())
+        output = sum(out.size for out in outputs.values())
         bound = req.bound_to
         if bound is not None and req.sink is not None:
             self._await_receipt(req.rid, output, bound[0])
@@ -552,7 +557,7 @@ class RequestTable:
             # The client gave that connection up: close it, and the request moves here.
             self.abort_connection(bound[0])
             self._unbind(req)
-        _check_offsets([(name, out.base) for name, out in req.streams.items()], offsets)
+        _check_offsets([(name, out.base) for name, out in (req.streams or {}).items()], offsets)
         try:
             await self._replay(req, ctx, offsets)
             if req.outcome is None:
@@ -572,7 +577,7 @@ class RequestTable:
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
-        outputs = sorted(req.streams.items())
+        outputs = sorted((req.streams or {}).items())
         for _, out in outputs:
             await out.lock.acquire()
         try:

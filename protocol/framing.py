@@ -106,7 +106,10 @@ class FrameReader:
         body = self._body
         if body is not None and self._filled < len(body):
             return memoryview(body)[self._filled :]
-        scratch = self._scratch = _thread_scratch()
+        scratch = self._scratch
+        if scratch is None:
+            # The thread's, fetched once: a reader stays on the thread that first used it.
+            scratch = self._scratch = _thread_scratch()
         return scratch
 
     def buffer_updated(self, nbytes: int) -> None:
