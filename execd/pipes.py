@@ -40,7 +40,9 @@ class Readiness:
     __slots__ = ("__weakref__", "_callbacks", "_epoll", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the loop's table of instances holds this one, which must not hold the
+        # loop alive (its epoll closes once the loop is collected).
+        self._loop = weakref.ref(loop)
         self._epoll = select.epoll()
         self._callbacks: dict[int, Callable[[], None]] = {}
         loop.add_reader(self._epoll.fileno(), self._dispatch)
@@ -65,9 +67,11 @@ class Readiness:
             try:
                 callback()
             except Exception as exc:
-                self._loop.call_exception_handler(
-                    {"message": f"callback for descriptor {fd} failed", "exception": exc}
-                )
+                loop = self._loop()
+                if loop is not None:
+                    loop.call_exception_handler(
+                        {"message": f"callback for descriptor {fd} failed", "exception": exc}
+                    )
 
 
 _last: tuple[weakref.ref[asyncio.AbstractEventLoop], Readiness] | None = None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import os
 import sys
 import termios
+import weakref
 
 import pytest
 
@@ -113,3 +115,34 @@ async def test_a_callback_removing_another_descriptor_keeps_its_callback_from_ru
         readiness.remove(b_r)
         for fd in (a_r, a_w, b_r, b_w):
             os.close(fd)
+
+
+def test_a_closed_loop_and_its_epoll_go_once_nobody_holds_the_loop() -> None:
+    """Each loop's instance is kept for the loop, not beyond it: no loop, no descriptor."""
+
+    async def watch_a_pipe() -> None:
+        r, w = os.pipe()
+        seen = asyncio.get_running_loop().create_future()
+        ready = pipes.readiness()
+        ready.add(r, lambda: seen.done() or seen.set_result(None))
+        os.write(w, b"x")
+        await seen
+        ready.remove(r)
+        os.close(r)
+        os.close(w)
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()
+    before = descriptors()
+    loops = []
+    for _ in range(10):
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(watch_a_pipe())
+        loop.close()
+        loops.append(weakref.ref(loop))
+        del loop
+    gc.collect()
+    assert [ref for ref in loops if ref() is not None] == []
+    assert descriptors() == before
