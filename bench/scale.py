@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -335,6 +335,22 @@ async def close_all(clients: Sequence[ExecdClient]) -> None:
     await asyncio.sleep(0.2)
 
 
+def arrivals(
+    rate: float, seconds: float, sessions: int, rng: random.Random
+) -> Iterator[tuple[float, int]]:
+    """The calls of ``sessions`` Poisson sources adding up to ``rate`` calls/s, for ``seconds``.
+
+    Yields each call's time (seconds from the start, ascending) and its
+    session's index: one Poisson stream of ``rate`` whose every arrival falls
+    on a session drawn at random, which is what that many independent sources
+    of ``rate / sessions`` each add up to.
+    """
+    at = rng.expovariate(rate)
+    while at < seconds:
+        yield at, rng.randrange(sessions)
+        at += rng.expovariate(rate)
+
+
 async def open_loop(
     mixes: Sequence[Mix],
     rate: float,
@@ -344,34 +360,30 @@ async def open_loop(
 ) -> tuple[Samples, RateFigures]:
     """Every session a Poisson source at ``rate / len(mixes)`` calls/s for ``seconds``.
 
-    ``len(mixes)`` independent Poisson sources of ``rate / len(mixes)`` each
-    add up to one Poisson source of ``rate`` whose every arrival falls on a
-    session drawn at random: the same arrivals, issued here by one timer.
-    A coroutine per session sleeping on its own timer would charge the load
-    generator's cost (a thousand coroutines, timers and random generators,
-    and at 100 calls/s more sessions than calls) to the harness's CPU per
-    call, and only when there are many sessions.
+    The calls come from one timer (:func:`arrivals`): a coroutine per session
+    sleeping on its own timer would charge the load generator's cost (a
+    thousand coroutines, timers and random generators, and at 100 calls/s
+    more sessions than calls) to the harness's CPU per call, and only when
+    there are many sessions.
     """
     samples = Samples()
     failures: list[BaseException] = []
     running: set[asyncio.Task[None]] = set()
-    rng = random.Random(seed)
+    schedule = arrivals(rate, seconds, len(mixes), random.Random(seed))
     gc.collect()
     cpu_before, tree_before = harness_cpu(), tree_cpu(execd_pids)
     busy_before, total_before = machine_busy()
     started = time.perf_counter()
-    deadline = started + seconds
-    due = started + rng.expovariate(rate)
-    while due < deadline:
+    for offset, index in schedule:
+        due = started + offset
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         samples.lag.append(max(0.0, time.perf_counter() - due) * 1e6)
-        mix = mixes[rng.randrange(len(mixes))]
+        mix = mixes[index]
         task = asyncio.ensure_future(timed(mix, mix.next_kind(), samples))
         running.add(task)
         task.add_done_callback(running.discard)
-        due += rng.expovariate(rate)
     if running:
         for result in await asyncio.gather(*running, return_exceptions=True):
             if isinstance(result, BaseException):
