@@ -661,7 +661,7 @@ def rows_from(f: ScaleFigures) -> list[Row]:
             key="scale.latency_single",
             section=section,
             label="per-call latency, one session, one call at a time after a pause",
-            short="one session",
+            short="one at a time",
             unit="us",
             p50=f.single_p50_us,
             p99=f.single_p99_us,
