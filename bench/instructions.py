@@ -8,8 +8,9 @@ run each: ``python -m bench.instructions`` from each tree's checkout.
 Each end is counted in its own process under ``valgrind --tool=callgrind``
 while the other runs at full speed: execd with the client here, then this
 tool's client (a child process) with a plain execd. Each count is taken
-twice, after ``--calls`` and after ``2 * --calls`` pipelined no-ops (64 in
-flight on one connection, as section 2 of the bench); the difference,
+twice, after ``--calls`` and after ``2 * --calls`` no-ops (64 in flight
+on one connection, as section 2 of the bench, or ``--in-flight 1``, one
+after another as section 1); the difference,
 divided by ``--calls``, is what one call costs, start-up and shutdown
 cancelled out. Instructions are not time: cache misses, system calls and
 wake-ups are not in them (a call made alone, one in flight, costs far more
@@ -49,15 +50,15 @@ def _total(path: str) -> int:
     raise RuntimeError(f"no summary line in {path}")
 
 
-async def _calls(calls: int, request_ids: bool, wrapper: list[str]) -> None:
-    """Start execd (under ``wrapper``), make ``calls`` pipelined no-ops, stop it."""
+async def _calls(calls: int, request_ids: bool, wrapper: list[str], in_flight: int) -> None:
+    """Start execd (under ``wrapper``), make ``calls`` no-ops ``in_flight`` at a time, stop it."""
     workdir = tempfile.mkdtemp(prefix="execd-instr-")
     try:
         async with start_execd(workdir, *_SLOW_START, timeout=300.0, wrapper=wrapper) as execd:
             client = await execd.connect()
             client.request_ids = request_ids
             if calls:
-                await pipelined(client.noop, calls, IN_FLIGHT)
+                await pipelined(client.noop, calls, in_flight)
             await client.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -67,16 +68,16 @@ def _per_call(counts: dict[int, int], calls: int) -> float:
     return (counts[2 * calls] - counts[calls]) / calls
 
 
-def _execd_side(calls: int, request_ids: bool, scratch: str) -> float:
+def _execd_side(calls: int, request_ids: bool, in_flight: int, scratch: str) -> float:
     counts = {}
     for n in (calls, 2 * calls):
         out = os.path.join(scratch, f"execd.{n}")
-        uvloop.run(_calls(n, request_ids, _callgrind(out)))
+        uvloop.run(_calls(n, request_ids, _callgrind(out), in_flight))
         counts[n] = _total(out)
     return _per_call(counts, calls)
 
 
-def _client_side(calls: int, request_ids: bool, scratch: str) -> float:
+def _client_side(calls: int, request_ids: bool, in_flight: int, scratch: str) -> float:
     counts = {}
     for n in (calls, 2 * calls):
         out = os.path.join(scratch, f"client.{n}")
@@ -87,6 +88,8 @@ def _client_side(calls: int, request_ids: bool, scratch: str) -> float:
             "bench.instructions",
             "--client-run",
             str(n),
+            "--in-flight",
+            str(in_flight),
         ]
         if not request_ids:
             argv.append("--no-request-ids")
@@ -98,7 +101,7 @@ def _client_side(calls: int, request_ids: bool, scratch: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.instructions",
-        description="Instructions per pipelined no-op call in execd and in the client "
+        description="Instructions per no-op call in execd and in the client "
         "(valgrind's callgrind).",
     )
     parser.add_argument(
@@ -107,20 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-request-ids", action="store_true", help="calls without request ids (PROTOCOL.md 8.1)"
     )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=IN_FLIGHT,
+        help=f"calls in flight at once (default {IN_FLIGHT}, as section 2; 1: as section 1)",
+    )
     parser.add_argument("--client-run", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     request_ids = not args.no_request_ids
     if args.client_run is not None:  # the counted client, a child of the run below
-        uvloop.run(_calls(args.client_run, request_ids, []))
+        uvloop.run(_calls(args.client_run, request_ids, [], args.in_flight))
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt install valgrind): nothing measured")
         return 2
     with tempfile.TemporaryDirectory(prefix="execd-instr-") as scratch:
-        execd = _execd_side(args.calls, request_ids, scratch)
-        client = _client_side(args.calls, request_ids, scratch)
+        execd = _execd_side(args.calls, request_ids, args.in_flight, scratch)
+        client = _client_side(args.calls, request_ids, args.in_flight, scratch)
     kind = "with request ids" if request_ids else "without request ids"
-    print(f"instructions per pipelined no-op ({kind}, {args.calls} calls):")
+    print(f"instructions per no-op, {args.in_flight} in flight ({kind}, {args.calls} calls):")
     print(f"  execd  {execd:10,.0f}")
     print(f"  client {client:10,.0f}")
     return 0

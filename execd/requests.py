@@ -6,7 +6,8 @@ A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is
 registered by :meth:`RequestTable.track` as a :class:`Request`, the one
 record of the call on this side: the dispatcher runs the method's handler
 with the request as its context and hands the outcome (the encoded result,
-or the error) to :meth:`RequestTable.finish` before answering as usual.
+or the error) to :meth:`RequestTable.finish` right after answering as usual
+(nothing runs in between: a copy of the call finds the outcome kept).
 Three things set a tracked call apart from any other:
 
 * **It does not belong to its connection.** The handler's task is the
@@ -263,11 +264,11 @@ class RequestTable:
         # Server nonces of this execd's authenticated connections (the newest ones).
         self._nonces: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._background = BackgroundTasks("requests")
-        # Per virtual connection (minus the id of the connection its calls came on): how
-        # many of its calls run, and what to run once it is closed and none does.
-        self._virtual_running: dict[int, int] = {}
+        # Per virtual connection (minus the id of the connection its calls came on): what
+        # to run once it is closed and none of its calls runs; and, once it is closed,
+        # how many of its calls still run (counted when it closes, not per call).
         self._virtual_callbacks: dict[int, list[Callback]] = {}
-        self._closed_connections: set[int] = set()
+        self._closed_running: dict[int, int] = {}
         #: Per connection: the ids of finished requests answered on it whose kept output
         #: waits for proof of receipt (empty, the server need not ask :meth:`ping_due`).
         #: Ids, not requests: an evicted request is not held on to by these lists.
@@ -302,8 +303,6 @@ class RequestTable:
         req = Request(
             self, rid, method.name, connection_id, call_id, -connection_id, (connection_id, call_id)
         )
-        virtual = self._virtual_running
-        virtual[-connection_id] = virtual.get(-connection_id, 0) + 1
         self._running[rid] = req
         return method, req
 
@@ -328,10 +327,6 @@ class RequestTable:
         # No receipt will come: what waited for one stays kept for an attach.
         self.unproved.pop(connection_id, None)
         self._pinged.pop(connection_id, None)
-        if -connection_id in self._virtual_running:
-            self._closed_connections.add(connection_id)
-        elif -connection_id in self._virtual_callbacks:
-            self._virtual_closed(-connection_id)
         for req in self._running.values():
             if req.origin_connection == connection_id:
                 survivors.append(req.call_id)
@@ -342,6 +337,11 @@ class RequestTable:
                 req.bound_to = None
                 if req.grace is None:
                     req.grace = loop.call_later(self.grace, self._expire, req)
+        if survivors:
+            # Its calls run on (the requests that came on it are its virtual connection's).
+            self._closed_running[-connection_id] = len(survivors)
+        elif -connection_id in self._virtual_callbacks:
+            self._virtual_closed(-connection_id)
         return frozenset(survivors)
 
     def on_virtual_close(self, virtual: int, callback: Callback) -> None:
@@ -349,7 +349,6 @@ class RequestTable:
         self._virtual_callbacks.setdefault(virtual, []).append(callback)
 
     def _virtual_closed(self, virtual: int) -> None:
-        self._closed_connections.discard(-virtual)
         callbacks = self._virtual_callbacks.pop(virtual, None)
         if callbacks:
             self._background.spawn(_run_callbacks(callbacks))
@@ -401,44 +400,49 @@ class RequestTable:
 
     def finish(self, req: Request, outcome: Outcome) -> None:
         """``req`` has its outcome: keep it in the retention window."""
-        bound = req.bound_to
-        answered_on = bound[0] if bound is not None and req.sink is not None else None
         req.outcome = outcome
+        rid = req.rid
+        self._running.pop(rid, None)
+        streams: tuple[KeptStream, ...] = ()
+        output = 0
+        if req.streams:  # most calls have none: spare them the generators
+            streams, output = self._keep_output(req)
         req.task = req.sink = req.bound_to = req.origin = None
         if req.grace is not None:
             req.grace.cancel()
             req.grace = None
-        rid = req.rid
-        self._running.pop(rid, None)
         if req.done is not None and not req.done.done():
             req.done.set_result(None)
-        virtual = req.virtual_id
-        running = self._virtual_running
-        left = running[virtual] - 1
-        if left:
-            running[virtual] = left
-        else:
-            del running[virtual]
-            if -virtual in self._closed_connections:
+        closed = self._closed_running
+        if closed:
+            virtual = req.virtual_id
+            left = closed.get(virtual)
+            if left == 1:
+                del closed[virtual]
                 self._virtual_closed(virtual)
-        streams: tuple[KeptStream, ...] = ()
-        output = 0
-        if req.streams:  # most calls have none: spare them the generators
-            streams = tuple(
-                (name, out.base, tuple(out.chunks), out.ended)
-                for name, out in sorted(req.streams.items())
-            )
-            output = sum(out.size for out in req.streams.values())
+            elif left is not None:
+                closed[virtual] = left - 1
         kept, cost = _compact(outcome)
         size = output + ENTRY_OVERHEAD + cost
         finished = self._finished
         finished[rid] = (size, (kept, streams))
         self._finish_order.append(rid)
         self.kept_bytes += size
-        if answered_on is not None and output >= RECEIPT_MIN:
-            self._await_receipt(rid, output, answered_on)
         if len(finished) > self.max_count or self.kept_bytes > self.max_bytes:
             self._evict()
+
+    def _keep_output(self, req: Request) -> tuple[tuple[KeptStream, ...], int]:
+        """The output ``req`` keeps once finished, and its size; if it is large and was
+        answered on a connection, its receipt there is awaited to let it go."""
+        streams = tuple(
+            (name, out.base, tuple(out.chunks), out.ended)
+            for name, out in sorted(req.streams.items())
+        )
+        output = sum(out.size for out in req.streams.values())
+        bound = req.bound_to
+        if bound is not None and req.sink is not None:
+            self._await_receipt(req.rid, output, bound[0])
+        return streams, output
 
     # -- proof of receipt --------------------------------------------------------------
 

@@ -302,16 +302,23 @@ class ServerProtocol(FramedProtocol):
                 error = InternalError(f"internal error in {method.name}")
             else:
                 self._tasks.pop(call_id, None)
-                if req is not None:
-                    table.finish(req, encoded)
-                if not self.closed:
-                    self._reply(call_id, method, msgspec.Raw(encoded))
+                # The answer first, the books after: keeping the outcome is not on the
+                # caller's path (nothing else runs in between, so a copy of the call
+                # still finds its outcome kept).
+                try:
+                    if not self.closed:
+                        self._reply(call_id, method, msgspec.Raw(encoded))
+                finally:
+                    if req is not None:
+                        table.finish(req, encoded)
                 return
             self._tasks.pop(call_id, None)
             if error is not None:
-                if req is not None:
-                    table.finish(req, error)
-                self._answer_error(call_id, error)
+                try:
+                    self._answer_error(call_id, error)
+                finally:
+                    if req is not None:
+                        table.finish(req, error)
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()

@@ -284,7 +284,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
                 LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease
             )
             print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
-            print(f"execd's log: {session.log_path} (kept only if the run does not finish)")
+            print(f"execd's log: {session.log_path} (kept only if the run or its close fails)")
             launched = session
             current, reconnect = (lambda: launched.client), launched.reconnect
         if workspace:
@@ -317,11 +317,12 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
             ready.progress.close()
         await model.aclose()
         if session is not None:
-            # execd's log (its own directory under /tmp) is kept for a run that did not finish.
-            closed = await session.close(keep_log=not finished)
+            # execd's log (its own directory under /tmp) is kept for a run that did not
+            # finish, and by close() itself when the close was not clean.
+            closed = await session.close(keep_log=True if not finished else None)
             trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
             print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
-            if not finished:
+            if closed.log_kept:
                 print(f"execd's log kept: {session.log_path}")
         elif client is not None:
             await client.close()

@@ -28,8 +28,9 @@ result): the ``session.close`` RPC with ``shutdown=True`` kills every process
 carrying the marker and makes execd exit. When the RPC fails (execd killed,
 hung, unreachable), ``execd cleanup --marker ...`` runs through the runtime
 instead. Then the log is watched for execd's exit, the token file is removed
-if still there, and the log is kept (``keep_log=False`` removes it and, when
-:func:`serve` created it, the working directory).
+if still there, and the log is removed (with the working directory :func:`serve`
+created) unless the close was not clean: then it is kept to tell what went
+wrong (``keep_log=True`` always keeps it, ``keep_log=False`` never does).
 
 Every launched execd has a lease (:data:`DEFAULT_LEASE` unless ``serve``
 is told otherwise): execd cleans up by its marker and exits once no frame has
@@ -54,7 +55,7 @@ import re
 import secrets
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, replace
 from typing import Any
 
 from harnessd import keepalive as keepalive_group
@@ -116,7 +117,8 @@ class CloseResult:
     because the RPC did not clean up. ``worker_exited``/``exit_code``: the
     log showed execd's exit (``exit_code`` as the shell reports it, 128+N
     after signal N). ``rpc_error``, ``fallback_error``, ``housekeeping_error``
-    describe failures of the corresponding step.
+    describe failures of the corresponding step. ``log_kept``: execd's log
+    was left at the session's ``log_path``.
     """
 
     killed: int
@@ -127,6 +129,7 @@ class CloseResult:
     rpc_error: str | None = None
     fallback_error: str | None = None
     housekeeping_error: str | None = None
+    log_kept: bool = False
 
     @property
     def leftover(self) -> int:
@@ -214,16 +217,18 @@ class Session:
             raise ConnectionLost("the session is closed")
         return await self._reconnector.swap(timeout)
 
-    async def close(self, *, keep_log: bool = True) -> CloseResult:
+    async def close(self, *, keep_log: bool | None = None) -> CloseResult:
         """Kill every marked process, stop execd, and report what was left.
 
         Idempotent: a second call (or a concurrent one) returns the first
         call's result, and its ``keep_log`` is ignored. Safe in ``finally``
         blocks and under cancellation: the cleanup is shielded and runs to its
         end (each step is bounded by a timeout) before CancelledError
-        propagates. With ``keep_log`` (default) the log stays at
-        ``log_path``; otherwise it is removed, with the working directory when
-        :func:`serve` created it.
+        propagates. execd's log is removed, with the working directory when
+        :func:`serve` created it, unless the close was not clean (an RPC or
+        cleanup failure, a marked process left, execd not seen exiting with
+        status 0): then it stays at ``log_path`` (``CloseResult.log_kept``).
+        ``keep_log=True`` always keeps it, ``keep_log=False`` never does.
         """
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._shutdown(keep_log))
@@ -263,7 +268,7 @@ class Session:
         await old.close()
         return await self._close_call(client)
 
-    async def _shutdown(self, keep_log: bool) -> CloseResult:
+    async def _shutdown(self, keep_log: bool | None) -> CloseResult:
         report: CloseReport | None = None
         rpc_error: str | None = None
         await self._reconnector.stop()
@@ -288,7 +293,6 @@ class Session:
         exit_code = await await_exit(
             self.runtime, self.log_path, 10.0 if report is not None else 2.0
         )
-        housekeeping_error = await self._housekeeping(keep_log)
         result = CloseResult(
             killed=killed,
             remaining=remaining,
@@ -297,7 +301,13 @@ class Session:
             exit_code=exit_code,
             rpc_error=rpc_error,
             fallback_error=fallback_error,
-            housekeeping_error=housekeeping_error,
+        )
+        if keep_log is None:
+            # The log tells what went wrong; after a clean close nobody needs it.
+            keep_log = not (result.clean and rpc_error is None and exit_code == 0)
+        housekeeping_error = await self._housekeeping(keep_log)
+        result = replace(
+            result, housekeeping_error=housekeeping_error, log_kept=keep_log
         )
         if result.remaining:
             log.error("session %s: marked processes survived cleanup: %s", self.marker, remaining)

@@ -468,8 +468,8 @@ def _stderr_text(result: CommandResult, limit: int = 2000) -> str:
 async def remove_workdir(runtime: Runtime, path: str) -> None:
     """Remove a launcher working directory and everything in it (``rm -rf``) via ``runtime``.
 
-    :meth:`~harnessd.launcher.Session.close` calls this with ``keep_log=False`` when :func:`~harnessd.launcher.serve`
-    created the directory. Refuses relative paths, ``/`` and paths with ``..``.
+    :meth:`~harnessd.launcher.Session.close` calls this when it does not keep the log and
+    :func:`~harnessd.launcher.serve` created the directory. Refuses relative paths, ``/`` and paths with ``..``.
     Raises WorkspaceError when removal fails.
     """
     normal = posixpath.normpath(path)

@@ -60,6 +60,9 @@ STREAM_CHUNK: Final = 1024 * 1024
 MIN_STREAM_CHUNK: Final = 64 * 1024
 #: Frames from this size on are written at once, never held to go out with others.
 HOLD_MAX: Final = 64 * 1024
+#: ``FramedProtocol._held`` while the one event of a read is handled: its first frame is
+#: written at once, the rest held until the read's end (never appended to).
+_AT_ONCE: Final[list[bytes | bytearray | memoryview]] = []
 
 
 class Stream:
@@ -203,12 +206,17 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.abort(exc)
             return
         out = self.conn.data_to_send()
-        # What is sent while the events are handled goes out in one write after them.
+        # What is sent while the events are handled goes out in one write after them;
+        # but the answer to a call made alone (one event, nothing held before it) goes
+        # out at once, not after what the call's handler does once it has answered.
         outer = self._held
-        held = outer if outer is not None else []
-        if out:
-            held.append(out)
-        self._held = held
+        if outer is None and not out and len(events) == 1:
+            self._held = _AT_ONCE
+        else:
+            held = outer if outer is not None else []
+            if out:
+                held.append(out)
+            self._held = held
         try:
             for event in events:
                 if type(event) is Chunk:
@@ -231,18 +239,22 @@ class FramedProtocol(asyncio.BufferedProtocol):
         """Write ``frame``, or hold it to go out with the frames sent right beside it.
 
         Frames are held while the events of one read are handled (the answers
-        to a batch of pipelined calls), and after a frame written at once until
+        to a batch of pipelined calls; a read of one event writes its first
+        frame at once, the answer to a call made alone), and after a frame
+        written at once until
         the event loop's next round (the calls a batch of woken tasks send): one
         system call for the lot instead of one each, as the floor does. Order is
         kept; a large frame goes out at once, with what is held before it.
         """
         held = self._held
-        if held is None:
+        if held is None or held is _AT_ONCE:
             if type(frame) is SplicedFrame:
                 transport.writelines(frame.parts)
             else:
                 transport.write(frame)
-            if self._hold_loop is not None:
+            if held is _AT_ONCE:
+                self._held = []  # the rest of the read's answers: the read releases them
+            elif self._hold_loop is not None:
                 self._held = []
                 self._hold_loop.call_soon(self._release_held)
         elif type(frame) is SplicedFrame:

@@ -107,8 +107,9 @@ def test_run_closes_the_session_on_a_stop_signal(tmp_path: Path, signum: int) ->
         assert up is not None, head
         port = int(up.group(1))
         proc.send_signal(signum)
-        _finish(proc, signum, "harnessd run")
+        out = _finish(proc, signum, "harnessd run")
     assert _refused(port)
+    cli.remove_kept_log(out)
     assert find_marked("EXECD_MARKER", up.group(2)) == []
 
 
@@ -126,6 +127,7 @@ def test_run_closes_the_session_after_a_model_error(tmp_path: Path) -> None:
     kept = re.search(r"^execd's log kept: (\S+)$", done.stdout, re.MULTILINE)
     assert kept is not None, done.stdout
     assert '"event": "listening"' in Path(kept.group(1)).read_text()
+    cli.remove_kept_log(done.stdout)
 
 
 def _model_args(*more: str) -> list[str]:

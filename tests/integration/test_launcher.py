@@ -117,8 +117,9 @@ async def test_serve_run_close_leaves_nothing(tmp_path: Path) -> None:
     assert find_marked(MARKER_VAR, session.marker) == []
     assert await session.close() is first
     assert session.closed
-    assert os.path.exists(session.log_path)
-    shutil.rmtree(session.workdir)
+    # A clean close leaves no log behind, nor the directory serve() made for it.
+    assert not first.log_kept
+    assert not os.path.exists(session.workdir)
     # execd may say goodbye (an Abort) before the client closes its side.
     with pytest.raises((ConnectionLost, ProtocolViolation)):
         await session.client.noop()
@@ -131,21 +132,24 @@ async def test_async_with_and_log_removal(tmp_path: Path) -> None:
         await session.client.noop()
         workdir = session.workdir
     assert session.closed
-    assert (await session.close()).clean
-    assert os.listdir(workdir) == [os.path.basename(session.log_path)]
-    shutil.rmtree(workdir)
+    result = await session.close()
+    assert result.clean and not result.log_kept and result.housekeeping_error is None
+    assert not os.path.exists(workdir)
 
+    # Kept on demand, though the close was clean.
     session = await serve(extra_args=("--state-dir", str(tmp_path / "state")))
-    result = await session.close(keep_log=False)
-    assert result.clean and result.housekeeping_error is None
-    assert not os.path.exists(session.workdir)
+    result = await session.close(keep_log=True)
+    assert result.clean and result.log_kept and result.housekeeping_error is None
+    assert os.listdir(session.workdir) == [os.path.basename(session.log_path)]
+    shutil.rmtree(session.workdir)
 
+    # A directory given to serve() stays; what execd wrote into it goes.
     given = tmp_path / "given"
     async with serve(
         workdir=str(given), extra_args=("--state-dir", str(tmp_path / "state"))
     ) as session:
         assert stat.S_IMODE(given.stat().st_mode) == 0o700
-    assert [p.name for p in given.iterdir()] == [os.path.basename(session.log_path)]
+    assert list(given.iterdir()) == []
 
 
 # Behaves like ssh: the arguments are joined with spaces and run by a shell.
@@ -385,6 +389,16 @@ async def test_fallback_cleanup_after_execd_is_killed(tmp_path: Path) -> None:
     assert result.worker_exited and result.exit_code == 128 + signal.SIGKILL
     assert find_marked(MARKER_VAR, session.marker) == []
     assert not any(alive(pid) for pid in escapees)
+    # The close was not clean (the RPC failed, execd died of a signal): the log stays.
+    assert result.log_kept
+    with open(session.log_path, "rb") as handle:
+        assert b'"listening"' in handle.read()
+    # Unless the caller says otherwise.
+    again = await serve(**private(tmp_path))
+    os.kill(again.pid, signal.SIGKILL)
+    dropped = await again.close(keep_log=False)
+    assert dropped.fallback_ran and not dropped.log_kept
+    assert not os.path.exists(again.log_path)
 
 
 # -- connection loss ---------------------------------------------------------------
@@ -444,7 +458,8 @@ def _processes_holding(needle: bytes) -> list[tuple[int, str]]:
 
 
 async def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
-    async with serve(**private(tmp_path)) as session:
+    session = await serve(**private(tmp_path))
+    try:
         token = tokens[-1].encode()
         child = await session.client.run_detached(["sleep", "300"])
         shown = await session.client.run(["sh", "-c", "env; cat /proc/$$/environ"])
@@ -456,6 +471,8 @@ async def test_token_never_leaks(tmp_path: Path, tokens: list[str]) -> None:
         )
         assert token.decode() not in repr(session)
         assert [p for p in os.listdir(session.workdir) if p.startswith("token")] == []
+    finally:
+        assert (await session.close(keep_log=True)).log_kept
     with open(session.log_path, "rb") as handle:
         assert token not in handle.read()
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,6 +87,18 @@ def one_line(stderr: str, command: str) -> str:
     assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
     assert lines[0].startswith(f"{command}: "), lines[0]
     return lines[0]
+
+
+def remove_kept_log(stdout: str) -> str:
+    """Remove the directory of the execd log a run says it kept (``execd's log kept: PATH``).
+
+    Returns the log's path. A run that does not finish keeps the log for whoever looks
+    into it; a test that has looked removes it.
+    """
+    kept = re.search(r"^execd's log kept: (\S+)$", stdout, re.MULTILINE)
+    assert kept is not None, stdout
+    shutil.rmtree(os.path.dirname(kept.group(1)))
+    return kept.group(1)
 
 
 def read_until(stream: IO[str], pattern: str, deadline: float) -> str:
