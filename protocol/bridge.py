@@ -241,10 +241,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         Frames are held while the events of one read are handled (the answers
         to a batch of pipelined calls; a read of one event writes its first
         frame at once, the answer to a call made alone), and after a frame
-        written at once until
-        the event loop's next round (the calls a batch of woken tasks send): one
-        system call for the lot instead of one each, as the floor does. Order is
-        kept; a large frame goes out at once, with what is held before it.
+        written at once until the event loop's next round (the calls a batch
+        of woken tasks send): one system call for the lot instead of one each,
+        as the floor does. Order is kept; a large frame goes out at once, with
+        what is held before it.
         """
         held = self._held
         if held is None or held is _AT_ONCE:
