@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -45,7 +45,7 @@ from protocol.ledger_chain import GENESIS_HASH, MAX_SEQ, entry_hash
 from protocol.rpc import ledger as rpc
 
 if TYPE_CHECKING:
-    from harnessd.api import ExecdClient
+    from protocol.connection import HandshakeComplete
 
 MIN_BATCH_BYTES = 1024
 """Smallest batch budget accepted."""
@@ -187,6 +187,35 @@ class _Counters:
         self.resumed: int | None = None
 
 
+class LedgerPeer(Protocol):
+    """What a sync needs of its peer: the handshake's frame cap and the ledger calls.
+
+    :class:`harnessd.api.ExecdClient` is one; anything that forwards these to one will do.
+    """
+
+    @property
+    def info(self) -> HandshakeComplete: ...
+
+    async def ledger_head(self, session: str) -> rpc.LedgerHead: ...
+
+    async def ledger_append(
+        self,
+        session: str,
+        first_seq: int,
+        prev_hash: bytes,
+        entries: list[bytes],
+        hashes: list[bytes] | None = None,
+    ) -> rpc.LedgerHead: ...
+
+    async def ledger_append_large(
+        self, session: str, seq: int, prev_hash: bytes, payload: bytes
+    ) -> rpc.LedgerHead: ...
+
+    async def ledger_read(
+        self, session: str, from_seq: int = 1, *, prev_hash: bytes | None = None
+    ) -> list[rpc.LedgerRecord]: ...
+
+
 class LedgerSync:
     """Keeps execd's copy of ``session`` equal to ``ledger``; see the module docstring.
 
@@ -212,7 +241,7 @@ class LedgerSync:
         """Mark execd's head unknown (after a reconnect or a lost answer)."""
         self.acked = None
 
-    def budget(self, peer: ExecdClient) -> int:
+    def budget(self, peer: LedgerPeer) -> int:
         """The byte budget of one batch against ``peer``."""
         if self.batch_bytes is not None:
             return self.batch_bytes
@@ -223,7 +252,7 @@ class LedgerSync:
         """Upper bound of what one entry adds to the encoded parameters (payload + hash)."""
         return len(payload) + 5 + 2 + 32
 
-    async def sync(self, peer: ExecdClient) -> SyncReport:
+    async def sync(self, peer: LedgerPeer) -> SyncReport:
         """Send every entry execd does not hold yet; return the figures.
 
         Raises LedgerDiverged when execd's ledger is not a prefix of ours,
@@ -250,7 +279,7 @@ class LedgerSync:
             ms=(time.perf_counter() - started) * 1000.0,
         )
 
-    async def _sync(self, peer: ExecdClient, counts: _Counters) -> None:
+    async def _sync(self, peer: LedgerPeer, counts: _Counters) -> None:
         if self.acked is None:
             counts.head_queries += 1
             self._adopt(await peer.ledger_head(self.session))
@@ -324,7 +353,7 @@ class LedgerSync:
             remote_hash=head.hash,
         )
 
-    async def verify_remote(self, peer: ExecdClient) -> int:
+    async def verify_remote(self, peer: LedgerPeer) -> int:
         """Read execd's whole ledger back (chain-checked) and compare it with ours.
 
         Returns the number of entries compared; raises LedgerDiverged on any
