@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import pytest
 
@@ -78,6 +78,24 @@ async def client(execd: RunningExecd) -> AsyncIterator[ExecdClient]:
         yield connected
     finally:
         await connected.close()
+
+
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+) -> T: ...
+
+
+@overload
+async def eventually(
+    check: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+) -> T: ...
 
 
 async def eventually(
