@@ -93,7 +93,8 @@ class MemoryTransport(asyncio.Transport):
         for chunk in pending:
             view = memoryview(chunk)
             while view and not peer._lost:
-                buf = peer._protocol.get_buffer(len(view))
+                # get_buffer is typed as a read-only Buffer; the protocol hands out writable memory.
+                buf = memoryview(peer._protocol.get_buffer(len(view)))
                 size = min(len(buf), len(view), self._piece)
                 buf[:size] = view[:size]
                 view = view[size:]
