@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -42,9 +42,11 @@ class Cut:
     nbytes: int
 
 
-ops_strategy = st.lists(
-    st.sampled_from(["shell", "slow_shell", "append_file", "echo"]), min_size=1, max_size=8
-).map(lambda kinds: [Op(kind, f"t{i}") for i, kind in enumerate(kinds)])
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+ops_strategy = st.lists(st.sampled_from(KINDS), min_size=1, max_size=8).map(
+    lambda kinds: [Op(kind, f"t{i}") for i, kind in enumerate(kinds)]
+)
 cuts_strategy = st.lists(
     st.builds(Cut, st.sampled_from(["up", "down"]), st.integers(0, 4000)), min_size=1, max_size=2
 )

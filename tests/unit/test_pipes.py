@@ -124,7 +124,12 @@ def test_a_closed_loop_and_its_epoll_go_once_nobody_holds_the_loop() -> None:
         r, w = os.pipe()
         seen = asyncio.get_running_loop().create_future()
         ready = pipes.readiness()
-        ready.add(r, lambda: seen.done() or seen.set_result(None))
+
+        def mark_seen() -> None:
+            if not seen.done():
+                seen.set_result(None)
+
+        ready.add(r, mark_seen)
         os.write(w, b"x")
         await seen
         ready.remove(r)

@@ -128,6 +128,7 @@ def test_every_argument_of_a_params_from_method_is_a_field_or_used() -> None:
     for where, function, call in users:
         # The Rpc as the client module names it, e.g. "shell.RUN" or "watch_rpc.SUBSCRIBE".
         rpc: object = importlib.import_module(f"harnessd.{where.split('/')[1].split('.')[0]}")
+        assert isinstance(call.func, ast.Attribute), where
         for part in ast.unparse(call.func.value).split("."):
             rpc = getattr(rpc, part)
         assert isinstance(rpc, Rpc), where

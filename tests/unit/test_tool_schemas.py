@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessd.tools import TOOL_SPECS, TOOLS, ToolSpec, parameters_schema
+from harnessd.models import ToolSpec
+from harnessd.tools import TOOL_SPECS, TOOLS, parameters_schema
 
 SPECS = {spec.name: spec for spec in TOOL_SPECS}
 LONGEST = 40
@@ -110,7 +111,7 @@ def breakages(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def bad_values(schema: dict[str, Any]) -> list[tuple[str, Any]]:
-    kind = schema.get("type")
+    kind = schema["type"]
     wrong_type = {
         "string": 5,
         "integer": "5",

@@ -29,6 +29,7 @@ from execd.errors import (
 )
 from execd.watch import WatchCapability
 from protocol.rpc.watch import (
+    Condition,
     SubscribeParams,
     UnsubscribeParams,
     WaitForPathParams,
@@ -560,7 +561,11 @@ async def test_wait_for_path_timeout_and_immediate(cap: WatchCapability, tmp_pat
 
 
 async def met_after(
-    cap: WatchCapability, path: Path, condition: str, armed_at: Path, change: Callable[[], object]
+    cap: WatchCapability,
+    path: Path,
+    condition: Condition,
+    armed_at: Path,
+    change: Callable[[], object],
 ) -> None:
     """``wait_for_path`` waits (armed at ``armed_at``) until ``change()`` makes ``condition`` true."""
     params = WaitForPathParams(path=str(path), condition=condition)
