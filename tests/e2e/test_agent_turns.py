@@ -153,7 +153,7 @@ def test_live_output_streams_and_leaves_the_result_unchanged(tmp_path: Path) -> 
         {"name": "shell", "arguments": {"command": big}},
         {"name": "shell", "arguments": {"command": "exit 4"}},
     ]
-    turns = [{"tool_calls": calls}, {"content": "ok"}]
+    turns: list[dict[str, Any]] = [{"tool_calls": calls}, {"content": "ok"}]
     live, records = run_session(tmp_path / "live", turns, live_output=True)
     collected, quiet = run_session(tmp_path / "collected", turns)
     assert [r.text for r in live.turns[0].results] == [r.text for r in collected.turns[0].results]

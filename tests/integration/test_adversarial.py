@@ -1003,7 +1003,8 @@ async def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
             tried += 1
             sleepers = [
-                client.start(shell_rpc.RUN, {"argv": ["sleep", "60"]}) for _ in range(limit - 1)
+                client.start(shell_rpc.RUN, shell_rpc.RunParams(argv=["sleep", "60"]))
+                for _ in range(limit - 1)
             ]
             deadline = time.monotonic() + 20
             while len(marked_matching(running.marker, "sleep 60")) < limit - 1:

@@ -79,7 +79,7 @@ def test_an_editable_install_is_told_to_reinstall_its_source_tree_with_the_extra
     tmp_path: Path,
 ) -> None:
     source = tmp_path / "my checkout"
-    url = {"url": source.as_uri(), "dir_info": {"editable": True}}
+    url: dict[str, object] = {"url": source.as_uri(), "dir_info": {"editable": True}}
     line = _line(_bench(_site(tmp_path, url)))
     expected = shlex.quote(f"{source}[bench]")
     assert line.endswith(f"{shlex.quote(sys.executable)} -m pip install -e {expected}")

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -27,13 +28,25 @@ def execd(tmp_path: Path) -> Iterator[RunningExecd]:
         yield daemon
 
 
-def _exec(execd: RunningExecd, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+Stdio = int | IO[Any] | None
+"""What Popen takes for a standard stream: a descriptor, a file, PIPE/DEVNULL, or inherited."""
+
+
+def _exec(
+    execd: RunningExecd,
+    *args: str,
+    stdin: Stdio = None,
+    stdout: Stdio = None,
+    stderr: Stdio = None,
+) -> subprocess.Popen[str]:
     env = dict(os.environ, EXECD_TOKEN=execd.token)
     return subprocess.Popen(
         [sys.executable, "-m", "harnessd", "exec", "--port", str(execd.port), *args],
         env=env,
         text=True,
-        **kwargs,  # type: ignore[call-overload]
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
     )
 
 

@@ -22,13 +22,14 @@ import harnessd
 from bench.limits_noop import ALLOCATE, FORK
 from harnessd.api import ExecdClient
 from harnessd.errors import InvalidParams, NotSupported
-from protocol.rpc.resources import Limits
+from protocol.rpc.resources import LimitName, Limits, Mechanism
+from protocol.rpc.services import ServiceInfo
 from tests.conftest import eventually, one_loop
 
 pytestmark = [pytest.mark.anyio, one_loop]
 
 
-async def _mechanism(client: ExecdClient, name: str) -> str:
+async def _mechanism(client: ExecdClient, name: LimitName) -> Mechanism:
     info = await client.server_info()
     assert info.limits is not None
     return info.limits.mechanisms[name]
@@ -184,11 +185,12 @@ async def test_services_take_limits_and_report_the_verdict(client: ExecdClient) 
     )
     assert info.limits == {"cpu": await _mechanism(client, "cpu"), "open_files": "rlimit"}
 
-    async def ended() -> object:
+    async def ended() -> ServiceInfo | None:
         status = await client.service_status("spin")
         return status if status.state == "exited" else None
 
     final = await eventually(ended, timeout=30, what="service stopped by its cpu limit")
+    assert final is not None
     assert final.limit_exceeded == "cpu"
     logs = await client.service_logs("spin")
     assert b"99" in logs.data

@@ -121,6 +121,7 @@ async def test_past_the_grace_the_command_is_killed_and_the_reattach_says_so(
         "shell.run", {"command": f"echo x >> {target}; sleep 2; echo done >> {target}"}
     )
     rid = handle.request_id
+    assert rid is not None
     await eventually(target.exists, what="the command started")
     proxy.cut()
     await eventually(lambda: "no reattach within" in execd.log(), what="the grace expired")
@@ -178,9 +179,10 @@ async def test_a_call_cut_before_it_arrived_is_sent_again_and_runs_once(
 async def test_the_oldest_outcomes_are_evicted_and_a_late_attach_is_told(
     execd: RunningExecd, client: ExecdClient
 ) -> None:
-    rids = []
+    rids: list[bytes] = []
     for i in range(5):
         handle = client.start("server.echo", {"data": bytes([i])})
+        assert handle.request_id is not None
         rids.append(handle.request_id)
         assert await handle.result(bytes) == bytes([i])
     for rid in rids[:2]:

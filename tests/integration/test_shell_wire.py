@@ -67,7 +67,11 @@ async def test_dropped_connection_kills_its_commands_but_not_detached_ones(
     detached = await dropped.run_detached(command="echo begin; sleep 2; echo end")
     assert detached.command_id is not None
     dropped.start("shell.run", {"command": f"echo $$ > {attached_pid}; exec sleep 300"})
-    pid = await eventually(lambda: attached_pid.exists() and attached_pid.read_text().strip())
+
+    def written_pid() -> str:
+        return attached_pid.read_text().strip() if attached_pid.exists() else ""
+
+    pid = await eventually(written_pid)
     await dropped.close()
     await gone(int(pid))
 

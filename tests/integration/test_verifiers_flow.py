@@ -21,12 +21,13 @@ import pytest
 from tests.support.chat_endpoint import ChatEndpoint
 from tests.support.procs import wait_gone
 
-vf = pytest.importorskip(
+pytest.importorskip(
     "verifiers.v1", reason="verifiers is not installed (pip install '.[verifiers]')"
 )
+import verifiers.v1 as vf
 
-from harnessd.verifiers import ExecdConfig, ExecdRuntime  # noqa: E402
-from tests.support import vf_loop  # noqa: E402
+from harnessd.verifiers import ExecdConfig, ExecdRuntime
+from tests.support import vf_loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,6 +90,7 @@ def fake_model() -> Iterator[FakeModel]:
     server.close()
 
 
+# verifiers ships no type information: its Task is Any to mypy, and so are its decorators.
 class CheckerTask(vf.Task):  # type: ignore[misc]
     """Setup writes the input and starts the checker; scoring reads what the checker wrote."""
 
@@ -104,11 +106,11 @@ class CheckerTask(vf.Task):  # type: ignore[misc]
         trace.info["checker_pid"] = int(await runtime.read("task/checker.pid", max_bytes=32))
         trace.info["agent_env"] = (await runtime.read("task/agent-env.txt")).decode()
 
-    @vf.reward  # type: ignore[misc]
+    @vf.reward  # type: ignore[untyped-decorator]
     async def correct(self, runtime: Any) -> float:
         return 1.0 if await runtime.read("task/result.txt", max_bytes=64) == b"ok 42\n" else 0.0
 
-    @vf.metric  # type: ignore[misc]
+    @vf.metric  # type: ignore[untyped-decorator]
     async def checker_lines(self, runtime: Any) -> float:
         return float(len((await runtime.read("task/checker.log", max_bytes=4096)).splitlines()))
 
