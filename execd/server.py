@@ -140,6 +140,8 @@ class ServerProtocol(FramedProtocol):
             conn, max_inbound_buffer=4 * cfg.limits.stream_window + cfg.limits.max_frame
         )
         self.server = server
+        #: The connection as the serving side's (``conn`` is typed as the base).
+        self.server_conn = conn
         self.connection_id = next(_connection_ids)
         self.authenticated = False
         self.connected_at = time.monotonic()

@@ -134,7 +134,7 @@ async def test_a_download_beyond_the_window_waits_for_credit(wired: Wired) -> No
     received = b"".join([data async for data in handle.stream("data")])
     assert received == b"d" * size
     assert await handle.result() == size
-    assert wired.server.conn.open_calls == 0 and wired.server._streams == {}
+    assert wired.server.server_conn.open_calls == 0 and wired.server._streams == {}
 
 
 async def test_an_upload_beyond_the_window_waits_for_credit(wired: Wired) -> None:
@@ -163,7 +163,7 @@ async def test_cancelling_the_caller_cancels_the_handler(wired: Wired) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     # execd still answers the cancelled call (CANCELLED); then nothing is in flight.
-    await eventually(lambda: wired.server.conn.open_calls == 0)
+    await eventually(lambda: wired.server.server_conn.open_calls == 0)
     await eventually(lambda: wired.client._proto.client_conn.pending_calls == 0)
 
 
