@@ -24,7 +24,7 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 import msgspec
 
@@ -478,7 +478,7 @@ class Client:
                 ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
             )
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

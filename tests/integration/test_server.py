@@ -86,16 +86,15 @@ def test_token_file_is_removed_after_reading(execd: RunningExecd, tmp_path: Path
 async def test_wrong_token_is_rejected_and_daemon_keeps_serving(execd: RunningExecd) -> None:
     with pytest.raises(errors.AuthenticationFailed):
         await harnessd.connect(execd.host, execd.port, "not-the-token")
-    # Entered as itself: Client.__aenter__ is typed to return the base Client, not the ExecdClient.
-    client = await harnessd.connect(execd.host, execd.port, execd.token)
-    async with client:
+    async with await harnessd.connect(execd.host, execd.port, execd.token) as client:
         await client.noop()
 
 
 async def test_encrypted_session_works(execd: RunningExecd) -> None:
     for cipher in (True, "chacha20-poly1305", "aes-256-gcm"):
-        client = await harnessd.connect(execd.host, execd.port, execd.token, encrypt=cipher)
-        async with client:
+        async with await harnessd.connect(
+            execd.host, execd.port, execd.token, encrypt=cipher
+        ) as client:
             assert client.cipher != "none"
             assert await client.echo(b"x" * 100_000) == b"x" * 100_000
 
