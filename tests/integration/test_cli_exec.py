@@ -39,9 +39,9 @@ def _exec(
     stdout: Stdio = None,
     stderr: Stdio = None,
 ) -> subprocess.Popen[str]:
-    env = dict(os.environ, EXECD_TOKEN=execd.token)
+    argv, env = cli.harnessd_exec(execd.port, execd.token, *args)
     return subprocess.Popen(
-        [sys.executable, "-m", "harnessd", "exec", "--port", str(execd.port), *args],
+        argv,
         env=env,
         text=True,
         stdin=stdin,

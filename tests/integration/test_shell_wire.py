@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import harnessd
 from execd.marker import find_marked
 from harnessd import ExecdClient
 from tests.conftest import eventually, one_loop
+from tests.support import cli
 from tests.support.daemon import RunningExecd
 from tests.support.procs import alive
 
@@ -109,9 +109,9 @@ async def test_close_session_kills_double_forked_setsid_and_nohup(
 def _exec(
     execd: RunningExecd, *args: str, stdin: bytes = b""
 ) -> subprocess.CompletedProcess[bytes]:
-    env = dict(os.environ, EXECD_TOKEN=execd.token)
+    argv, env = cli.harnessd_exec(execd.port, execd.token, *args)
     return subprocess.run(
-        [sys.executable, "-m", "harnessd", "exec", "--port", str(execd.port), *args],
+        argv,
         input=stdin,
         capture_output=True,
         env=env,

@@ -89,6 +89,15 @@ def one_line(stderr: str, command: str) -> str:
     return lines[0]
 
 
+def harnessd_exec(port: int, token: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``harnessd exec ARGS`` against execd at ``port``.
+
+    The token goes in the environment (``EXECD_TOKEN``), never on the command line.
+    """
+    argv = [sys.executable, "-m", "harnessd", "exec", "--port", str(port), *args]
+    return argv, dict(os.environ, EXECD_TOKEN=token)
+
+
 def remove_kept_log(stdout: str) -> str:
     """Remove the directory of the execd log a run says it kept (``execd's log kept: PATH``).
 
