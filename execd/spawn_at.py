@@ -110,15 +110,13 @@ def _vector(items: list[str]) -> tuple[int, array.array[int], array.array[int]]:
     joined = "\0".join(items)
     if joined.count("\0") != max(len(items) - 1, 0):
         raise ValueError("embedded null byte")
-    blob = array.array("B", (joined + "\0").encode("utf-8", "surrogateescape"))
+    encoded = (joined + "\0").encode("utf-8", "surrogateescape")
+    blob = array.array("B", encoded)
     base: int = blob.buffer_info()[0]
-    if len(items) == 1:
-        pointers = array.array(_POINTER_TYPE, (base, 0))
-    else:
-        lengths = map(len, blob.tobytes().split(b"\0")[: len(items) - 1])
-        starts = map(operator.add, itertools.accumulate(lengths, initial=0), itertools.count(base))
-        pointers = array.array(_POINTER_TYPE, starts if items else ())
-        pointers.append(0)
+    lengths = map(len, encoded.split(b"\0")[: len(items) - 1])
+    starts = map(operator.add, itertools.accumulate(lengths, initial=0), itertools.count(base))
+    pointers = array.array(_POINTER_TYPE, starts if items else ())
+    pointers.append(0)
     return pointers.buffer_info()[0], pointers, blob
 
 
