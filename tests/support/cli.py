@@ -101,13 +101,14 @@ def harnessd_exec(port: int, token: str, *args: str) -> tuple[list[str], dict[st
 def remove_kept_log(stdout: str) -> str:
     """Remove the directory of the execd log a run says it kept (``execd's log kept: PATH``).
 
-    Returns the log's path. A run that does not finish keeps the log for whoever looks
-    into it; a test that has looked removes it.
+    Returns what the log held. A run that does not finish keeps the log for whoever
+    looks into it; a test that has looked removes it.
     """
     kept = re.search(r"^execd's log kept: (\S+)$", stdout, re.MULTILINE)
     assert kept is not None, stdout
+    text = Path(kept.group(1)).read_text()
     shutil.rmtree(os.path.dirname(kept.group(1)))
-    return kept.group(1)
+    return text
 
 
 def read_until(stream: IO[str], pattern: str, deadline: float) -> str:
