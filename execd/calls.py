@@ -5,16 +5,17 @@ queue and a step, for a handler that may well finish without ever
 suspending (``server.noop``, a small inline file read). :func:`start` avoids
 that:
 
-* On Python 3.12+ every call is an *eager* task (``eager_start=True``): its
-  first step runs at once, as the current task, and a call that finishes
-  there never reaches the ready queue.
-* On Python 3.11 a method marked ``direct`` (its handler calls nothing that
-  needs a current task, such as ``asyncio.timeout``, before it first
-  suspends) has its first step run here, outside any task; only if it
-  suspends does a task take over the rest of it (:class:`_Rest` hands it
-  the future the coroutine waits on, then every result, cancellation and
-  exception through to the same coroutine). Other methods get a task as
-  before.
+* A method marked ``direct`` (its handler calls nothing that needs a
+  current task, such as ``asyncio.timeout``, before it first suspends) has
+  its first step run here, outside any task; only if it suspends does a
+  task take over the rest of it (:class:`_Rest` hands it the future the
+  coroutine waits on, then every result, cancellation and exception through
+  to the same coroutine). No task at all for a call that finishes at once:
+  even an eager one (below) costs its creation, its context and its
+  registration, several times what running the step here costs.
+* Other methods get an *eager* task on Python 3.12+ (``eager_start=True``):
+  its first step runs at once, as the current task, and a call that
+  finishes there never reaches the ready queue. On 3.11, a task as before.
 
 Either way the same coroutine (``ServerProtocol._run``) runs the call, so
 every check and answer is shared; only who drives it differs.
@@ -33,16 +34,16 @@ def start(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None], name: str, direct: bool
 ) -> asyncio.Task[None] | None:
     """Run ``coro``; the task that runs the rest of it, or None when it finished at once."""
+    if direct:
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            return None
+        return loop.create_task(_Rest(coro, waiting_on), name=name)
     if sys.version_info >= (3, 12):
         task = asyncio.Task(coro, loop=loop, name=name, eager_start=True)
         return None if task.done() else task
-    if not direct:
-        return loop.create_task(coro, name=name)
-    try:
-        waiting_on = coro.send(None)
-    except StopIteration:
-        return None
-    return loop.create_task(_Rest(coro, waiting_on), name=name)
+    return loop.create_task(coro, name=name)
 
 
 #: What :class:`_Rest` holds once it has handed the task what the coroutine waited on.
