@@ -204,6 +204,8 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Bytes the machine produced on its own since the last call."""
+        if not self._outbox:
+            return b""
         out = bytes(self._outbox)
         self._outbox.clear()
         return out
