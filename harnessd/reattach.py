@@ -38,6 +38,7 @@ import contextlib
 import functools
 import logging
 import os
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -61,7 +62,8 @@ log = logging.getLogger("harnessd.reattach")
 DEFAULT_REATTACH_WITHIN = 30.0
 
 
-_POOL = 256
+#: 256 request ids side by side: one block of random bytes cut into ids in one call.
+_IDS = struct.Struct(f"{limits.REQUEST_ID_SIZE}s" * 256)
 _pool: list[bytes] = []
 
 
@@ -71,9 +73,7 @@ def new_request_id() -> bytes:
     Drawn from ``os.urandom`` 256 ids at a time: one system call per 256 calls.
     """
     if not _pool:
-        size = limits.REQUEST_ID_SIZE
-        block = os.urandom(size * _POOL)
-        _pool.extend(block[i : i + size] for i in range(0, len(block), size))
+        _pool.extend(_IDS.unpack(os.urandom(_IDS.size)))
     return _pool.pop()
 
 
