@@ -307,6 +307,7 @@ class FilesCapability:
             mode=params.mode,
             create_parents=params.create_parents,
             checksum=params.checksum,
+            durable=params.durable,
         )
         async with self._work(ctx) as work:
             # Once committed this does nothing; otherwise it removes the temporary.
@@ -337,11 +338,11 @@ class FilesCapability:
 
         Small content in plain mode to a local filesystem is written on the
         event loop (see :mod:`execd.local_fs`); anything else in one trip to a
-        thread (the fsync of atomic mode may take milliseconds).
+        thread (an fsync may take milliseconds).
         """
         data = params.data
         assert data is not None
-        small = not params.atomic and len(data) <= INLINE_MAX
+        small = not (params.atomic or params.durable) and len(data) <= INLINE_MAX
         if small and self._local.trusted(path):
             sink.open()
             if self._local.note(path, sink.device):
