@@ -1,4 +1,4 @@
-"""Instructions per no-op call at each end, counted by valgrind's callgrind.
+"""Instructions per call at each end, counted by valgrind's callgrind.
 
 Wall-clock figures on a shared machine move with its load, and comparing two
 trees takes many alternating runs. The number of instructions a process
@@ -11,7 +11,9 @@ tool's client (a child process) with a plain execd. Each count is taken
 twice, after ``--calls`` and after ``2 * --calls`` no-ops (64 in flight
 on one connection, as section 2 of the bench, or ``--in-flight 1``, one
 after another as section 1; ``--encrypt aes-256-gcm``: on an encrypted
-connection, as section 1's AES-GCM row); the difference,
+connection, as section 1's AES-GCM row; ``--call read`` or ``write``: a
+``files.read`` or ``files.write`` (``atomic=False``) of 4 KiB instead of a
+no-op, as section 4's smallest rows); the difference,
 divided by ``--calls``, is what one call costs, start-up and shutdown
 cancelled out. Instructions are not time: cache misses, system calls and
 wake-ups are not in them (a call made alone, one in flight, costs far more
@@ -22,11 +24,13 @@ the per-call path does, and the bench for what a user waits.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 import uvloop
@@ -58,17 +62,37 @@ class Load(NamedTuple):
     request_ids: bool
     in_flight: int
     encrypt: str
+    call: str
+
+
+#: The size of section 4's smallest file, read or written by ``--call read`` / ``write``.
+FILE_SIZE = 4096
+
+
+def _workdir(data: bytes) -> tuple[str, str]:
+    """A fresh directory for execd, and the path of a file in it holding ``data``."""
+    workdir = tempfile.mkdtemp(prefix="execd-instr-")
+    path = os.path.join(workdir, "file.bin")
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return workdir, path
 
 
 async def _calls(calls: int, load: Load, wrapper: list[str]) -> None:
-    """Start execd (under ``wrapper``), make ``calls`` no-ops as ``load`` says, stop it."""
-    workdir = tempfile.mkdtemp(prefix="execd-instr-")
+    """Start execd (under ``wrapper``), make ``calls`` calls as ``load`` says, stop it."""
+    data = b"x" * FILE_SIZE
+    workdir, path = _workdir(data)
     try:
         async with start_execd(workdir, *_SLOW_START, timeout=300.0, wrapper=wrapper) as execd:
             client = await execd.connect(encrypt=load.encrypt != "none" and load.encrypt)
             client.request_ids = load.request_ids
+            actions: dict[str, Callable[[], Awaitable[object]]] = {
+                "noop": client.noop,
+                "read": functools.partial(client.read_file, path),
+                "write": functools.partial(client.write_file, path, data, atomic=False),
+            }
             if calls:
-                await pipelined(client.noop, calls, load.in_flight)
+                await pipelined(actions[load.call], calls, load.in_flight)
             await client.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -102,6 +126,8 @@ def _client_side(calls: int, load: Load, scratch: str) -> float:
             str(load.in_flight),
             "--encrypt",
             load.encrypt,
+            "--call",
+            load.call,
         ]
         if not load.request_ids:
             argv.append("--no-request-ids")
@@ -134,9 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=("none", "aes-256-gcm", "chacha20-poly1305"),
         help="the connection's cipher (default none)",
     )
+    parser.add_argument(
+        "--call",
+        default="noop",
+        choices=("noop", "read", "write"),
+        help=f"what each call is: server.noop (default), or files.read / files.write "
+        f"(atomic=false) of {FILE_SIZE} bytes",
+    )
     parser.add_argument("--client-run", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    load = Load(not args.no_request_ids, args.in_flight, args.encrypt)
+    load = Load(not args.no_request_ids, args.in_flight, args.encrypt, args.call)
     if args.client_run is not None:  # the counted client, a child of the run below
         uvloop.run(_calls(args.client_run, load, []))
         return 0
@@ -148,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         client = _client_side(args.calls, load, scratch)
     kind = "with request ids" if load.request_ids else "without request ids"
     print(
-        f"instructions per no-op, {args.in_flight} in flight ({kind}, cipher {args.encrypt}, "
+        f"instructions per call ({args.call}), {args.in_flight} in flight ({kind}, cipher {args.encrypt}, "
         f"{args.calls} calls):"
     )
     print(f"  execd  {execd:10,.0f}")
