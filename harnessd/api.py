@@ -294,8 +294,13 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         create_parents: bool = False,
         atomic: bool = True,
         append: bool = False,
+        durable: bool = False,
     ) -> files.WriteResult:
-        """Write ``data`` to a workspace file (atomically by default); big data is streamed."""
+        """Write ``data`` to a workspace file (atomically by default); big data is streamed.
+
+        ``durable``: the content is on disk when this returns (the rename too,
+        for an atomic write); see ``files.write`` in PROTOCOL.md.
+        """
         if len(data) <= self.inline_limit:
             params = files.WRITE.params_from(locals(), atomic=atomic and not append)
             return await self.call(files.WRITE, params)
@@ -311,6 +316,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
             create_parents=create_parents,
             atomic=atomic,
             append=append,
+            durable=durable,
         )
 
     async def write_stream(
@@ -323,6 +329,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         create_parents: bool = False,
         atomic: bool = True,
         append: bool = False,
+        durable: bool = False,
     ) -> files.WriteResult:
         """Write a workspace file from an async iterator of blocks (flow-controlled)."""
         params = files.WRITE.params_from(
