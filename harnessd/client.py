@@ -77,21 +77,19 @@ def _code_name(code: int) -> str:
         return f"error code {code}"
 
 
-class PendingCall:
-    """One call in flight: the one record the client keeps of it until its answer comes."""
+class PendingCall(msgspec.Struct, eq=False):
+    """One call in flight: the one record the client keeps of it until its answer comes.
 
-    __slots__ = ("base", "future", "received", "tracked")
+    A Struct (never encoded): one is built per call, in C.
+    """
 
-    def __init__(
-        self, future: asyncio.Future[Reply | Error], tracked: reattaching.Tracked | None
-    ) -> None:
-        self.future = future
-        #: Its request id and what it takes to send it again (None: not tracked).
-        self.tracked = tracked
-        #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
-        self.received: dict[str, int] | None = None
-        #: Where an attach call's streams start, per stream.
-        self.base: dict[str, int] | None = None
+    future: asyncio.Future[Reply | Error]
+    #: Its request id and what it takes to send it again (None: not tracked).
+    tracked: reattaching.Tracked | None
+    #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
+    received: dict[str, int] | None = None
+    #: Where an attach call's streams start, per stream.
+    base: dict[str, int] | None = None
 
 
 class ClientProtocol(FramedProtocol):
