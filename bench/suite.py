@@ -66,6 +66,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "files.small.local_atomic",
     "files.small.local_atomic_dir",
     "files.small.execd_write_atomic",
+    "files.small.execd_write_durable",
     *(f"files.medium.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.large.raw_read",
     "files.large.execd_read",

@@ -13,10 +13,11 @@ disk's share).
 
 Small sizes are reported as time per transfer (ratio: times slower than the
 raw socket); the largest as a rate in MB/s (ratio: share of the raw rate).
-At the smallest size three more rows: execd's own ``server.noop`` on the
-same connection (small reads and writes should cost about a no-op), the
-default atomic ``files.write`` and its local floor, a write + fsync + rename
-of the same bytes in the bench process.
+At the smallest size more rows: execd's own ``server.noop`` on the same
+connection (small reads and writes should cost about a no-op), the default
+atomic ``files.write`` and its local floor, a write + fsync + rename of the
+same bytes in the bench process, and the atomic write with ``durable=True``
+beside the same floor plus a fsync of the directory.
 
 Every measurement of the largest size starts from the same memory state in
 the bench process: its heap trimmed (``malloc_trim(0)``, through
@@ -72,7 +73,7 @@ def _write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False)
     """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
 
     ``sync_directory``: then fsync the directory too, which makes the rename
-    itself durable (execd's atomic write does).
+    itself durable (execd's atomic write with ``durable=True`` does).
     """
     temporary = path + ".floor-tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -143,6 +144,9 @@ async def run(env: Env) -> list[Row]:
             async def execd_atomic(path: str = path, data: bytes = data) -> object:
                 return await client.write_file(path, data)
 
+            async def execd_durable(path: str = path, data: bytes = data) -> object:
+                return await client.write_file(path, data, durable=True)
+
             actions: dict[str, Timed] = {
                 "raw_read": raw_read,
                 "execd_read": execd_read,
@@ -168,6 +172,7 @@ async def run(env: Env) -> list[Row]:
                 actions["execd_write_atomic"] = execd_atomic
                 actions["local_atomic"] = local_atomic
                 actions["local_atomic_dir"] = local_atomic_dir
+                actions["execd_write_durable"] = execd_durable
             times: dict[str, list[float]] = {key: [] for key in actions}
             if name != "large":
                 # Batches that take turns (as in section 1): one call of each in turn
@@ -205,7 +210,8 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
         "execd_write_atomic": f"execd files.write, {label}, atomic (default: fsync, rename)",
         "noop": "execd server.noop on the same connection",
         "local_atomic": f"local write + fsync + rename of {label} in the client process",
-        "local_atomic_dir": "the same + fsync of the directory (as execd's atomic write does)",
+        "local_atomic_dir": "the same + fsync of the directory (as a durable write does)",
+        "execd_write_durable": f"execd files.write, {label}, atomic, durable=true",
     }
     for key, seconds in times.items():
         direction = "read" if key.endswith("read") else "write"
@@ -217,7 +223,9 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
         elif direction == "write" and large:
             baselines += (f"files.{name}.raw_write_file",)
         elif key == "execd_write_atomic":
-            baselines = (f"files.{name}.local_atomic", f"files.{name}.local_atomic_dir")
+            baselines = (f"files.{name}.local_atomic",)
+        elif key == "execd_write_durable":
+            baselines = (f"files.{name}.local_atomic_dir",)
         if name == "small" and key in ("execd_read", "execd_write"):
             baselines += (f"files.{name}.noop",)
         if large:
@@ -256,7 +264,9 @@ def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
             atomic.p50 - floor.p50,
             ATOMIC_TARGET_MS,
         )
-        atomic.note = f"+{atomic.p50 - floor.p50:.2f} ms"
+        atomic.note = f"{atomic.p50 - floor.p50:+.2f} ms"
+        durable = by_key["files.small.execd_write_durable"]
+        durable.note = f"{durable.p50 - by_key['files.small.local_atomic_dir'].p50:+.2f} ms"
     if name == "medium":
         row, base = by_key["files.medium.execd_read"], by_key["files.medium.raw_read"]
         row.target = Target(

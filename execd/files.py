@@ -42,7 +42,7 @@ from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
 from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles
-from execd.workers import INLINE, Inline, Work, WorkerPool
+from execd.workers import Work, WorkerPool
 from protocol.rpc import files as rpc
 from protocol.rpc.files import (
     DATA_STREAM,
@@ -170,16 +170,19 @@ class FilesCapability:
         """
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
-            opener: Work | Inline = INLINE if self._local.trusted(path) else work
-            with _typed_errors(path):
-                fd, info = await opener.run(
-                    functools.partial(fsops.open_for_read, path), discard=_close_opened
-                )
-            work.release(os.close, fd)
-            # A small file on a local filesystem is read on the event loop.
-            inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_READ_MAX
-            with _typed_errors(path):
+            try:
+                if self._local.trusted(path):
+                    fd, info = fsops.open_for_read(path)
+                else:
+                    fd, info = await work.run(
+                        functools.partial(fsops.open_for_read, path), discard=_close_opened
+                    )
+                work.release(os.close, fd)
+                # A small file on a local filesystem is read on the event loop.
+                inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_READ_MAX
                 return await self._read_range(work, inline, fd, info.st_size, params, ctx)
+            except OSError as exc:
+                raise from_oserror(exc, path) from None
 
     async def _read_range(
         self, work: Work, inline: bool, fd: int, size: int, params: ReadParams, ctx: CallContext
@@ -202,8 +205,8 @@ class FilesCapability:
         hit_eof = False
         ended = False
 
-        def next_unit() -> tuple[Work | Inline, int] | None:
-            """Where and how much the next read takes (None: the range is done)."""
+        def next_unit() -> tuple[bool, int] | None:
+            """Whether the next read runs inline, and how much it takes (None: the range is done)."""
             want = fsops.BLOCK
             if params.length is not None:
                 want = min(want, params.length - total)
@@ -214,8 +217,8 @@ class FilesCapability:
                 return None
             if inline and total <= INLINE_READ_MAX:
                 # Inline only while the file stays small (it may grow as it is read).
-                return INLINE, min(want, INLINE_READ_MAX + 1 - total)
-            return work, want
+                return True, min(want, INLINE_READ_MAX + 1 - total)
+            return False, want
 
         # While a streamed block is sent, the worker thread reads the next one.
         ahead: asyncio.Task[tuple[bytes, bool]] | None = None
@@ -228,10 +231,13 @@ class FilesCapability:
                     unit = next_unit()
                     if unit is None:
                         break
-                    units, want = unit
-                    block, at_end = await units.run(
-                        functools.partial(_read_unit, fd, want, position, hasher)
-                    )
+                    here, want = unit
+                    if here:
+                        block, at_end = _read_unit(fd, want, position, hasher)
+                    else:
+                        block, at_end = await work.run(
+                            functools.partial(_read_unit, fd, want, position, hasher)
+                        )
                 if not block:
                     hit_eof = True
                     break
@@ -245,7 +251,7 @@ class FilesCapability:
                     )
                 if streaming:
                     unit = None if at_end else next_unit()
-                    if unit is not None and unit[0] is work:
+                    if unit is not None and not unit[0]:
                         ahead = asyncio.ensure_future(
                             work.run(functools.partial(_read_unit, fd, unit[1], position, hasher))
                         )
@@ -307,6 +313,7 @@ class FilesCapability:
             mode=params.mode,
             create_parents=params.create_parents,
             checksum=params.checksum,
+            durable=params.durable,
         )
         async with self._work(ctx) as work:
             # Once committed this does nothing; otherwise it removes the temporary.
@@ -337,11 +344,11 @@ class FilesCapability:
 
         Small content in plain mode to a local filesystem is written on the
         event loop (see :mod:`execd.local_fs`); anything else in one trip to a
-        thread (the fsync of atomic mode may take milliseconds).
+        thread (an fsync may take milliseconds).
         """
         data = params.data
         assert data is not None
-        small = not params.atomic and len(data) <= INLINE_MAX
+        small = not (params.atomic or params.durable) and len(data) <= INLINE_MAX
         if small and self._local.trusted(path):
             sink.open()
             if self._local.note(path, sink.device):

@@ -212,12 +212,13 @@ class FileSink:
       target (random hidden name, ``O_EXCL``). ``write`` appends blocks to the
       temporary. ``commit`` gives it the final mode (the requested one, else
       the old target's, else the umask default) and the old owner when allowed,
-      fsyncs it, renames it over the target and fsyncs the directory. Each of
-      the two fsyncs is needed for the call's promise that content and name
-      are durable once it returns: the file's, before the rename, so that no
-      crash can leave the target naming a file whose data never reached the
-      disk; the directory's, after it, so that the rename itself survives a
-      crash (without it the old content may come back).
+      fsyncs it and renames it over the target: the fsync before the rename
+      means no crash can leave the target naming a file whose data never
+      reached the disk (it holds the old content or the new). A *durable* sink
+      then fsyncs the directory too, so that the rename itself survives a
+      crash once ``commit`` returns (without it the old content may come
+      back); that second fsync is a second journal commit on ext4, so it is
+      asked for, not the default.
       ``abort`` closes and unlinks the temporary: the target is never touched
       before the rename, so a failure at any point leaves it as it was.
     * Plain mode: ``open`` opens the target itself, for writing from its
@@ -226,7 +227,8 @@ class FileSink:
       bytes written, rather than opening it with ``O_TRUNC``: ext4 writes a
       file truncated to zero back to disk when it is closed (0.2 ms for 4 KiB
       here), to spare it a zero-length state after a crash. ``commit`` closes
-      it. A failure leaves what was written.
+      it, after an fsync when the sink is durable. A failure leaves what was
+      written.
 
     Only regular files are written: an existing target that is a FIFO, a
     device or a socket raises NotSupported (in plain mode the open is
@@ -242,9 +244,11 @@ class FileSink:
         mode: int | None,
         create_parents: bool,
         checksum: bool = True,
+        durable: bool = False,
     ) -> None:
         self._path = path
         self._atomic = atomic
+        self._durable = durable
         self._append = append
         self._mode = mode
         self._create_parents = create_parents
@@ -350,6 +354,8 @@ class FileSink:
         if self._temp is None:
             if not self._append:
                 os.ftruncate(fd, self._size)
+            if self._durable:
+                os.fsync(fd)
             self._fd = None
             os.close(fd)
             return
@@ -366,8 +372,9 @@ class FileSink:
         os.close(fd)
         os.rename(self._temp, self._target)
         self._temp = None
-        # The rename is durable only once its directory is.
-        _fsync_directory(os.path.dirname(self._target))
+        if self._durable:
+            # The rename is durable only once its directory is.
+            _fsync_directory(os.path.dirname(self._target))
 
     def abort(self) -> None:
         """Release the destination; in atomic mode remove the temporary. Never raises."""

@@ -281,24 +281,6 @@ class Work:
             raise
 
 
-class Inline:
-    """Runs a call's units at once, on the event loop: :class:`Work`'s ``run`` without a thread.
-
-    Only for units that cannot wait long: small regular files on a local
-    filesystem (:mod:`execd.local_fs` decides). A unit that runs inline has
-    nothing in flight when the call is cancelled, so nothing to discard.
-    """
-
-    async def run(
-        self, fn: Callable[[], _T], *, discard: Callable[[_T], object] | None = None
-    ) -> _T:
-        """``fn()``, here and now."""
-        return fn()
-
-
-INLINE: Final = Inline()
-
-
 async def _wait_at_most(future: asyncio.Future[Any], seconds: float) -> None:
     """Wait until ``future`` is done or ``seconds`` pass, riding out cancellations."""
     loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from typing import BinaryIO, Generic, TypeVar
 from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
 from harnessd.api_watch import WatchClient
-from harnessd.client import CallHandle, open_connection
+from harnessd.client import CallHandle, StreamCursor, open_connection
 from harnessd.errors import HandshakeFailed, LocalFileError, ProtocolViolation
 from harnessd.opening import Opening
 from harnessd.terminal import TerminalsClient
@@ -202,20 +202,24 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         end would be twice) and the next block reuses the last one's memory.
         """
         params = files.READ.params_from(locals(), inline_max=READ_INLINE_MAX)
-        first = b""
-        gathered: io.BytesIO | None = None
-        async for data in self._read(params):
-            if gathered is not None:
+        read = _FileRead(self, params)
+        try:
+            first = await read.next()
+            if first is None:
+                return b""
+            data = await read.next()
+            if data is None:
+                return first  # one block (the common case) is returned as it is
+            gathered = io.BytesIO()
+            gathered.write(first)
+            del first
+            while data is not None:
                 gathered.write(data)
-            elif not first:
-                first = data  # one block (the common case) is returned as it is
-            elif data:
-                gathered = io.BytesIO()
-                gathered.write(first)
-                gathered.write(data)
-                first = b""
+                data = await read.next()
+        finally:
+            read.close()
         # getvalue() hands out the buffer itself, without a copy.
-        return gathered.getvalue() if gathered is not None else first
+        return gathered.getvalue()
 
     def iter_file(
         self,
@@ -239,32 +243,12 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         return self._read(files.READ.params_from(locals()))
 
     async def _read(self, params: files.ReadParams) -> AsyncIterator[bytes]:
-        """The blocks of one files.read call, its received bytes and checksum verified."""
-        path = params.path
-        handle = self.start(files.READ, params)
-        digest = hashlib.sha256() if params.checksum else None
-        received = 0
+        read = _FileRead(self, params)
         try:
-            async for data in handle.stream(files.DATA_STREAM):
-                if digest is not None:
-                    digest.update(data)
-                received += len(data)
+            while (data := await read.next()) is not None:
                 yield data
-            result = await handle.result()
         finally:
-            if not handle.done:
-                handle.cancel()
-        if result.data:
-            if digest is not None:
-                digest.update(result.data)
-            received += len(result.data)
-            yield result.data
-        if received != result.bytes_sent:
-            raise ProtocolViolation(
-                f"files.read of {path!r}: got {received} bytes, execd sent {result.bytes_sent}"
-            )
-        if digest is not None and digest.hexdigest() != result.sha256:
-            raise ProtocolViolation(f"files.read of {path!r}: content does not match its sha256")
+            read.close()
 
     async def download(self, path: str, local_path: str) -> int:
         """Copy a workspace file to ``local_path`` on this machine; return its size.
@@ -294,8 +278,13 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         create_parents: bool = False,
         atomic: bool = True,
         append: bool = False,
+        durable: bool = False,
     ) -> files.WriteResult:
-        """Write ``data`` to a workspace file (atomically by default); big data is streamed."""
+        """Write ``data`` to a workspace file (atomically by default); big data is streamed.
+
+        ``durable``: the content is on disk when this returns (the rename too,
+        for an atomic write); see ``files.write`` in PROTOCOL.md.
+        """
         if len(data) <= self.inline_limit:
             params = files.WRITE.params_from(locals(), atomic=atomic and not append)
             return await self.call(files.WRITE, params)
@@ -311,6 +300,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
             create_parents=create_parents,
             atomic=atomic,
             append=append,
+            durable=durable,
         )
 
     async def write_stream(
@@ -323,6 +313,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         create_parents: bool = False,
         atomic: bool = True,
         append: bool = False,
+        durable: bool = False,
     ) -> files.WriteResult:
         """Write a workspace file from an async iterator of blocks (flow-controlled)."""
         params = files.WRITE.params_from(
@@ -477,6 +468,60 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
     def inline_limit(self) -> int:
         """Largest payload sent inline in one call; bigger ones are streamed."""
         return max(4096, self.info.peer_max_frame // 2)
+
+
+class _FileRead:
+    """One files.read call, its blocks one :meth:`next` at a time: streamed, then inline.
+
+    The bytes received are counted (and hashed with ``checksum``) and
+    checked against the result before its inline part, the last block, is
+    handed out: a mismatch raises ProtocolViolation.
+    """
+
+    __slots__ = ("_cursor", "_digest", "_handle", "_path", "_received")
+
+    def __init__(self, client: ExecdClient, params: files.ReadParams) -> None:
+        self._path = params.path
+        self._handle = client.start(files.READ, params)
+        self._cursor: StreamCursor | None = self._handle.cursor(files.DATA_STREAM)
+        self._digest = hashlib.sha256() if params.checksum else None
+        self._received = 0
+
+    async def next(self) -> bytes | None:
+        """The next non-empty block of the file; None after the last."""
+        cursor = self._cursor
+        while cursor is not None:
+            data = await cursor.next()
+            if data is None:
+                self._cursor = None
+                return self._finish(await self._handle.result())
+            if data:
+                self._count(data)
+                return data
+        return None
+
+    def close(self) -> None:
+        """Cancel the call if it has not finished (the reader stopped early)."""
+        if not self._handle.done:
+            self._handle.cancel()
+
+    def _count(self, data: bytes) -> None:
+        if self._digest is not None:
+            self._digest.update(data)
+        self._received += len(data)
+
+    def _finish(self, result: files.ReadResult) -> bytes | None:
+        if result.data:
+            self._count(result.data)
+        path = self._path
+        if self._received != result.bytes_sent:
+            raise ProtocolViolation(
+                f"files.read of {path!r}: got {self._received} bytes, execd sent "
+                f"{result.bytes_sent}"
+            )
+        if self._digest is not None and self._digest.hexdigest() != result.sha256:
+            raise ProtocolViolation(f"files.read of {path!r}: content does not match its sha256")
+        return result.data or None
 
 
 class RunningCommand(Generic[R]):

@@ -77,21 +77,19 @@ def _code_name(code: int) -> str:
         return f"error code {code}"
 
 
-class PendingCall:
-    """One call in flight: the one record the client keeps of it until its answer comes."""
+class PendingCall(msgspec.Struct, eq=False):
+    """One call in flight: the one record the client keeps of it until its answer comes.
 
-    __slots__ = ("base", "future", "received", "tracked")
+    A Struct (never encoded): one is built per call, in C.
+    """
 
-    def __init__(
-        self, future: asyncio.Future[Reply | Error], tracked: reattaching.Tracked | None
-    ) -> None:
-        self.future = future
-        #: Its request id and what it takes to send it again (None: not tracked).
-        self.tracked = tracked
-        #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
-        self.received: dict[str, int] | None = None
-        #: Where an attach call's streams start, per stream.
-        self.base: dict[str, int] | None = None
+    future: asyncio.Future[Reply | Error]
+    #: Its request id and what it takes to send it again (None: not tracked).
+    tracked: reattaching.Tracked | None
+    #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
+    received: dict[str, int] | None = None
+    #: Where an attach call's streams start, per stream.
+    base: dict[str, int] | None = None
 
 
 class ClientProtocol(FramedProtocol):
@@ -262,6 +260,45 @@ class ClientProtocol(FramedProtocol):
             self.on_orphans(orphans)
 
 
+class StreamCursor:
+    """The blocks of one inbound stream of a call, one :meth:`next` at a time.
+
+    The stream's buffer is bound when the cursor is made. When the
+    connection is lost and another client adopts the call
+    (:mod:`harnessd.reattach`), the cursor goes on where the bytes received
+    so far end.
+    """
+
+    __slots__ = ("_call_id", "_name", "_proto", "_source")
+
+    def __init__(self, proto: ClientProtocol, call_id: int, name: str) -> None:
+        self._proto = proto
+        self._call_id = call_id
+        self._name = name
+        self._source: Stream = proto.stream(call_id, name)
+
+    async def next(self) -> bytes | None:
+        """The next block; None once the stream has ended."""
+        while True:
+            try:
+                return await self._source.read()
+            except Exception:
+                proto = self._proto
+                if not proto.closed:
+                    raise
+                moved = await reattaching.follow(proto, self._call_id, self._name)
+                if moved is None:
+                    if proto.lost is not None:
+                        raise proto.lost from None
+                    return None
+                self._proto, self._call_id, self._source = moved
+
+
+async def _blocks(cursor: StreamCursor) -> AsyncIterator[bytes]:
+    while (data := await cursor.next()) is not None:
+        yield data
+
+
 class CallHandle(Generic[R]):
     """One call in flight: its streams, its result, and cancellation."""
 
@@ -283,8 +320,11 @@ class CallHandle(Generic[R]):
         The stream's buffer is bound now rather than at the first iteration:
         a reply that ends the call before iteration starts must not drop it.
         """
-        proto = self._client._proto
-        return self._client._iter_stream(proto, self.id, name, proto.stream(self.id, name))
+        return _blocks(self.cursor(name))
+
+    def cursor(self, name: str) -> StreamCursor:
+        """Stream ``name``'s blocks one ``await`` at a time (what :meth:`stream` iterates)."""
+        return StreamCursor(self._client._proto, self.id, name)
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
         """Send bytes on ``stream`` to execd (flow-controlled)."""
@@ -524,27 +564,6 @@ class Client:
             return from_raw(answer.result, type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
-
-    async def _iter_stream(
-        self, proto: ClientProtocol, call_id: int, name: str, source: Stream
-    ) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                data = await source.read()
-            except Exception:
-                if not proto.closed:
-                    raise
-                # A reattached call goes on where the bytes received so far end.
-                moved = await reattaching.follow(proto, call_id, name)
-                if moved is not None:
-                    proto, call_id, source = moved
-                    continue
-                if proto.lost is not None:
-                    raise proto.lost from None
-                return
-            if data is None:
-                return
-            yield data
 
     async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
         tracked = self._proto.tracked(call_id)

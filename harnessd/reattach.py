@@ -38,6 +38,7 @@ import contextlib
 import functools
 import logging
 import os
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -61,7 +62,8 @@ log = logging.getLogger("harnessd.reattach")
 DEFAULT_REATTACH_WITHIN = 30.0
 
 
-_POOL = 256
+#: 256 request ids side by side: one block of random bytes cut into ids in one call.
+_IDS = struct.Struct(f"{limits.REQUEST_ID_SIZE}s" * 256)
 _pool: list[bytes] = []
 
 
@@ -71,20 +73,17 @@ def new_request_id() -> bytes:
     Drawn from ``os.urandom`` 256 ids at a time: one system call per 256 calls.
     """
     if not _pool:
-        size = limits.REQUEST_ID_SIZE
-        block = os.urandom(size * _POOL)
-        _pool.extend(block[i : i + size] for i in range(0, len(block), size))
+        _pool.extend(_IDS.unpack(os.urandom(_IDS.size)))
     return _pool.pop()
 
 
-@dataclass(eq=False, slots=True)
-class Tracked:
+class Tracked(msgspec.Struct, eq=False):
     """What the client keeps of a call with a request id while it is in flight.
 
     ``params`` (already encoded) and ``method`` let a call that never reached
     execd be sent again under the same id; ``sent_on`` is the server nonce of
     the connection it was sent on; ``uploads``: it sent stream data, which
-    cannot be sent again.
+    cannot be sent again. A Struct (never encoded): one is built per call, in C.
     """
 
     rid: bytes

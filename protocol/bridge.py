@@ -160,7 +160,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """Base asyncio protocol for both roles.
 
     A ``BufferedProtocol``: the transport receives straight into the buffer
-    the connection offers (:meth:`Connection.get_buffer`), so the body of a
+    the connection offers (:attr:`Connection.get_buffer`), so the body of a
     large frame is copied by the kernel only.
     """
 

@@ -161,6 +161,10 @@ class Connection:
     _senders: ClassVar[dict[type[Message], _Sender]]
     #: message type -> how this role takes it in: every type it ever accepts.
     _receivers: ClassVar[dict[type[Message], _Receiver]]
+    #: Where to receive the next bytes in place (``recv_into``); never empty. Follow
+    #: with :meth:`buffer_updated`: together they are :meth:`receive_data` without the
+    #: copy of large frame bodies. (The reader's own method, called once per read.)
+    get_buffer: Callable[[], memoryview]
 
     def __init__(self, token: bytes, *, max_frame: int, window: int) -> None:
         if not token:
@@ -174,6 +178,7 @@ class Connection:
         self.cipher = limits.CIPHER_NONE
         self.version = 0
         self._reader = FrameReader(limits.PREAUTH_MAX_FRAME)
+        self.get_buffer = self._reader.get_buffer
         self._outbox = bytearray()
         self._seal: Callable[[bytes, bytes], bytes] | None = None
         self._opener: FrameOpener | None = None
@@ -204,6 +209,8 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Bytes the machine produced on its own since the last call."""
+        if not self._outbox:
+            return b""
         out = bytes(self._outbox)
         self._outbox.clear()
         return out
@@ -218,16 +225,8 @@ class Connection:
         self._reader.feed(data)
         return self._process()
 
-    def get_buffer(self) -> memoryview:
-        """Where to receive the next bytes in place (``recv_into``); never empty.
-
-        Follow with :meth:`buffer_updated`: together they are
-        :meth:`receive_data` without the copy of large frame bodies.
-        """
-        return self._reader.get_buffer()
-
     def buffer_updated(self, nbytes: int) -> list[ConnectionEvent]:
-        """``nbytes`` arrived in the buffer of :meth:`get_buffer`; return the events completed.
+        """``nbytes`` arrived in the buffer of :attr:`get_buffer`; return the events completed.
 
         Raises RemoteProtocolError exactly as :meth:`receive_data` does.
         """

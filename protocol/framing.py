@@ -17,12 +17,16 @@ Bytes can also be received in place, for ``recv_into`` (asyncio's
 bytes should go and :meth:`FrameReader.buffer_updated` takes note of how
 many arrived. While a large body (64 KiB or more) is being filled, that is
 the rest of the body itself, so its bytes are copied by the kernel only;
-otherwise it is a small scratch area whose bytes are fed as by :meth:`feed`.
-The scratch area belongs to the thread, not to the reader: its bytes are
-copied out in :meth:`FrameReader.buffer_updated`, which follows
-:meth:`FrameReader.get_buffer` before any other reader on the thread is
-asked for a buffer (an event loop receives on one transport at a time), so
-a thousand idle connections hold one scratch area, not a thousand.
+otherwise it is a small scratch area. Complete frames are taken straight out
+of the scratch area (one copy, into the body handed out); the bytes of an
+incomplete frame at its end are copied into the reader's own buffer when
+:meth:`FrameReader.next_frame` reaches them, as by :meth:`feed`. The scratch
+area belongs to the thread, not to the reader: the caller takes frames until
+:meth:`FrameReader.next_frame` returns None before any other reader on the
+thread is asked for a buffer (an event loop receives on one transport at a
+time; a reader given up half-way, a closed connection's, is never read
+again), so a thousand idle connections hold one scratch area, not a
+thousand.
 A caller done with a large body hands it back with :meth:`FrameReader.recycle`
 and the next body of the same size is received into it (stream chunks mostly
 have one size), sparing an allocation and its zero-fill per frame.
@@ -72,14 +76,32 @@ def _thread_scratch() -> memoryview:
     return scratch
 
 
+def _over_cap(length: int, max_frame: int) -> FrameTooLarge:
+    """What a received header that declares more than the cap raises."""
+    return FrameTooLarge(f"frame of {length} bytes exceeds the cap of {max_frame} bytes")
+
+
 class FrameReader:
     """Incremental frame splitter with a cap enforced from the header alone."""
 
-    __slots__ = ("_body", "_buf", "_filled", "_pos", "_scratch", "_spare", "max_frame")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_filled",
+        "_pos",
+        "_scratch",
+        "_scratch_end",
+        "_scratch_pos",
+        "_spare",
+        "max_frame",
+    )
 
     def __init__(self, max_frame: int) -> None:
         self._buf = bytearray()
         self._pos = 0
+        #: Received bytes still in the scratch area: ``[_scratch_pos, _scratch_end)``.
+        self._scratch_pos = 0
+        self._scratch_end = 0
         self._body: bytearray | None = None
         self._filled = 0
         self._scratch: memoryview | None = None
@@ -106,6 +128,8 @@ class FrameReader:
         body = self._body
         if body is not None and self._filled < len(body):
             return memoryview(body)[self._filled :]
+        if self._scratch_end:
+            self._keep_rest()  # the area is about to be written over
         scratch = self._scratch
         if scratch is None:
             # The thread's, fetched once: a reader stays on the thread that first used it.
@@ -119,15 +143,31 @@ class FrameReader:
             self._filled += nbytes
             return
         assert self._scratch is not None, "buffer_updated without get_buffer"
-        self.feed(self._scratch[:nbytes])
+        if body is None and self._pos == len(self._buf):
+            # Nothing held back: frames are taken straight out of the scratch area.
+            self._scratch_pos = 0
+            self._scratch_end = nbytes
+        else:
+            self.feed(self._scratch[:nbytes])
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet handed out as frames."""
-        return len(self._buf) - self._pos + self._filled
+        held = len(self._buf) - self._pos + self._filled
+        return held + self._scratch_end - self._scratch_pos
+
+    def _keep_rest(self) -> None:
+        """Move the bytes left in the scratch area into the reader's own buffer."""
+        start, end = self._scratch_pos, self._scratch_end
+        self._scratch_pos = self._scratch_end = 0
+        if start < end:
+            assert self._scratch is not None
+            self.feed(self._scratch[start:end])
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes; call :meth:`next_frame` until it returns None."""
+        if self._scratch_end:
+            self._keep_rest()  # they came first
         body = self._body
         if body is not None:
             # A large body is being filled in place: copy straight into it.
@@ -154,6 +194,24 @@ class FrameReader:
             self._body = None
             self._filled = 0
             return body
+        end = self._scratch_end
+        if end:
+            scratch = self._scratch
+            assert scratch is not None
+            pos = self._scratch_pos
+            if end - pos >= limits.HEADER_SIZE:
+                (length,) = _HEADER.unpack_from(scratch, pos)
+                if length > self.max_frame:
+                    raise _over_cap(length, self.max_frame)
+                stop = pos + limits.HEADER_SIZE + length
+                if stop <= end:
+                    if stop == end:
+                        self._scratch_pos = self._scratch_end = 0
+                    else:
+                        self._scratch_pos = stop
+                    return scratch[pos + limits.HEADER_SIZE : stop].tobytes()
+            # The start of a frame: it waits for the rest in the reader's own buffer.
+            self._keep_rest()
         buf = self._buf
         pos = self._pos
         available = len(buf) - pos
@@ -168,9 +226,7 @@ class FrameReader:
             return None
         (length,) = _HEADER.unpack_from(buf, pos)
         if length > self.max_frame:
-            raise FrameTooLarge(
-                f"frame of {length} bytes exceeds the cap of {self.max_frame} bytes"
-            )
+            raise _over_cap(length, self.max_frame)
         start = pos + limits.HEADER_SIZE
         end = start + length
         if len(buf) < end:

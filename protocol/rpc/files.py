@@ -94,7 +94,11 @@ class WriteParams(Schema):
 
     ``atomic`` writes a temporary file beside the target and renames it over
     the target, so readers see the old or the new content, never a mix;
-    ``append`` requires ``atomic=False``. ``mode`` sets the exact permission
+    ``append`` requires ``atomic=False``. An atomic write fsyncs the temporary
+    before the rename, so after a crash the target holds the old content or the
+    new, never a part; ``durable`` also fsyncs the directory after the rename
+    (in plain mode: the file before the call returns), so that the new content
+    survives a crash once the call has returned. ``mode`` sets the exact permission
     bits; without it an existing target keeps its mode. ``expected_size``
     makes the call fail unless exactly that many bytes arrive.
     """
@@ -105,6 +109,7 @@ class WriteParams(Schema):
     create_parents: bool = False
     mode: Mode | None = None
     atomic: bool = True
+    durable: bool = False
     append: bool = False
     expected_size: Size | None = None
     checksum: bool = False

@@ -26,6 +26,14 @@ async def test_small_and_large_files_round_trip(tmp_path: Path, client: ExecdCli
     assert small.read_bytes() == b"hello\n"
     assert (small.stat().st_mode & 0o777) == 0o640
     assert await client.read_file(str(small)) == b"hello\n"
+    # durable is carried by both the inline and the streamed form of the call.
+    await client.write_file(str(small), b"durable\n", durable=True)
+    assert small.read_bytes() == b"durable\n"
+    await client.write_file(str(small), b"too\n", atomic=False, append=True, durable=True)
+    assert small.read_bytes() == b"durable\ntoo\n"
+    streamed = os.urandom(3 * 1024 * 1024)
+    assert (await client.write_file(str(small), streamed, durable=True)).size == len(streamed)
+    assert small.read_bytes() == streamed
 
     big = os.urandom(1024 * 1024) * 40  # 40 MiB: several frames and windows
     result = await client.write_file(str(tmp_path / "big.bin"), big)

@@ -251,6 +251,44 @@ def test_readers_of_one_thread_share_one_scratch_area_and_keep_their_bytes_apart
     assert got == payloads
 
 
+def test_frames_taken_from_the_scratch_area_are_those_fed_bytes_give() -> None:
+    """Receiving in place (frames taken straight out of the scratch area) agrees with feed."""
+    payloads = [bytes([i % 256]) * (i * 211 % 9000) for i in range(120)]
+    stream = b"".join(frame_header(len(p)) + p for p in payloads)
+    fed, in_place = FrameReader(16384), FrameReader(16384)
+    fed_got: list[bytes | bytearray] = []
+    got: list[bytes | bytearray] = []
+    offset = 0
+    steps = 5, 70_000, 3, 4096, 12_345, 1
+    turn = 0
+    while offset < len(stream):
+        chunk = stream[offset : offset + steps[turn % len(steps)]]
+        taken = _receive_in_place(in_place, chunk)
+        fed.feed(chunk[:taken])
+        offset += taken
+        # Every other read, take one frame only: the rest waits in the reader.
+        if turn % 2:
+            first = in_place.next_frame()
+            if first is not None:
+                got.append(first)
+        else:
+            got.extend(_frames(in_place))
+        fed_got.extend(_frames(fed))
+        assert in_place.buffered + sum(map(len, got)) + 4 * len(got) == offset
+        turn += 1
+    got.extend(_frames(in_place))
+    assert got == fed_got == payloads
+    assert in_place.buffered == 0
+
+
+def test_a_header_over_the_cap_in_the_scratch_area_is_refused() -> None:
+    reader = FrameReader(100)
+    _receive_in_place(reader, frame_header(5) + b"12345" + frame_header(101) + b"x")
+    assert reader.next_frame() == b"12345"
+    with pytest.raises(FrameTooLarge):
+        reader.next_frame()
+
+
 def test_each_thread_has_its_own_scratch_area() -> None:
     seen: list[object] = []
     thread = threading.Thread(target=lambda: seen.append(FrameReader(64).get_buffer().obj))
