@@ -4,20 +4,21 @@ Theory of operation
 -------------------
 A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is
 *tracked* when :meth:`RequestTable.track` finds its id new. The dispatcher
-runs the method's handler with a context of its own for tracked calls and
-hands the outcome (the encoded result, or the error) to
+runs the method's handler with a context of its own for tracked calls (its
+output kept, its connection a virtual one, see ``server._TrackedContext``)
+and hands the outcome (the encoded result, or the error) to
 :meth:`RequestTable.finish` right after answering as usual (nothing runs in
 between: a copy of the call finds the outcome kept).
 
 A tracked call gets a :class:`Request`, its record while it runs, only once
 something needs one (:meth:`RequestTable.open`): when its handler first
-sends output, or when the call runs on past the first step of its handler
-(it suspends). Before that, nothing but the call itself can look for it:
-the first step runs at once, as the call is dispatched, and no other frame
-is processed until it ends. So a call that answers in its first step (a
-no-op, a small file read) costs the table no record, only its outcome
-kept; a call that runs on is registered before anything else runs, and
-from then on a connection that closes, or a copy of the call, finds it.
+sends output, or when the call is not over once its dispatch returns (it
+suspended, or its first step was left to a task). Until then nothing but
+the call itself can look for it: no other frame is processed while a call
+is dispatched. So a call that answers at once (a no-op, a small file read)
+costs the table no record, only its outcome kept; any other is registered
+before the next frame is read, and from then on a connection that closes,
+or a copy of the call, finds it.
 Three things set a tracked call apart from any other:
 
 * **It does not belong to its connection.** The handler's task is the
@@ -172,12 +173,12 @@ class _Output:
 class Request:
     """The record of a tracked call while it runs (finished, it is kept as :data:`Finished`).
 
-    Made by :meth:`RequestTable.open` for a call that runs on past its first
-    step or sends output. Its output goes through :meth:`send` into the
-    request's own buffers (and on to the call bound to it), so it survives
-    the connection the call came on. ``origin`` is the original call's own
-    context (its connection's, not the tracked call's): uploads and events
-    go through it.
+    Made by :meth:`RequestTable.open` for a call that is not over once its
+    dispatch returns, or that sends output. Its output goes through
+    :meth:`send` into the request's own buffers (and on to the call bound to
+    it), so it survives the connection the call came on. ``origin`` is the
+    original call's plain context (on its real connection, not the tracked
+    call's virtual one): the output goes there while the call is bound to it.
     """
 
     __slots__ = (
@@ -301,7 +302,8 @@ class RequestTable:
 
         A new id is tracked: the dispatcher runs the handler and hands the
         outcome to :meth:`finish`, having opened the call's record
-        (:meth:`open`) if it runs on past its first step or sends output. A
+        (:meth:`open`) if the call is not over once its dispatch returns, or
+        sends output. A
         known id runs an attach to its request instead (never the method
         again); a connection-scoped method is not tracked.
         """
@@ -314,10 +316,10 @@ class RequestTable:
     def open(self, rid: bytes, method: str, origin: CallContext) -> Request:
         """The record of the tracked call ``rid`` of ``method``, registered as running.
 
-        ``origin`` is the call's context on its connection. Opened before
-        anything else runs once the call runs on past its first step: a
-        connection that closes right behind the call must find it (and leave
-        its task running), and so must a copy of the call.
+        ``origin`` is the call's plain context on its connection. Opened
+        before the next frame is read when the call is not over once its
+        dispatch returns: a connection that closes right behind the call must
+        find it (and leave its task running), and so must a copy of the call.
         """
         req = self._running[rid] = Request(self, rid, method, origin)
         return req

@@ -223,8 +223,8 @@ async def test_a_call_resent_with_a_known_id_does_not_run_again(
 async def test_a_copy_right_behind_a_call_that_runs_on_finds_it_in_flight(
     execd: RunningExecd, client: ExecdClient, tmp_path: Path
 ) -> None:
-    # The call's record is opened only once it runs on past its first step: still before
-    # execd reads the copy sent right behind it on the same connection.
+    # The call's record is opened only once its dispatch returns with the call not over:
+    # still before execd reads the copy sent right behind it on the same connection.
     target = tmp_path / "f"
     params = {"command": f"echo x >> {target}; sleep 0.5; echo ran"}
     rid = os.urandom(16)
