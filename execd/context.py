@@ -81,8 +81,7 @@ class Method:
     rpc: Rpc[Any, Any]
     handler: Handler
     #: The handler calls nothing that needs a current task (``asyncio.timeout``) before
-    #: it first suspends, so on Python 3.11 its first step may run without one
-    #: (:mod:`execd.calls`); 3.12+ gives every call an eager task instead.
+    #: it first suspends, so its first step may run without one (:mod:`execd.calls`).
     direct: bool = False
     #: The RPC's name and params type, kept at hand for the dispatcher.
     name: str = field(init=False)

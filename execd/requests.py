@@ -3,11 +3,22 @@
 Theory of operation
 -------------------
 A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is
-registered by :meth:`RequestTable.track` as a :class:`Request`, the one
-record of the call on this side: the dispatcher runs the method's handler
-with the request as its context and hands the outcome (the encoded result,
-or the error) to :meth:`RequestTable.finish` right after answering as usual
-(nothing runs in between: a copy of the call finds the outcome kept).
+*tracked* when :meth:`RequestTable.track` finds its id new. The dispatcher
+runs the method's handler with a context of its own for tracked calls (its
+output kept, its connection a virtual one, see ``server._TrackedContext``)
+and hands the outcome (the encoded result, or the error) to
+:meth:`RequestTable.finish` right after answering as usual (nothing runs in
+between: a copy of the call finds the outcome kept).
+
+A tracked call gets a :class:`Request`, its record while it runs, only once
+something needs one (:meth:`RequestTable.open`): when its handler first
+sends output, or when the call is not over once its dispatch returns (it
+suspended, or its first step was left to a task). Until then nothing but
+the call itself can look for it: no other frame is processed while a call
+is dispatched. So a call that answers at once (a no-op, a small file read)
+costs the table no record, only its outcome kept; any other is registered
+before the next frame is read, and from then on a connection that closes,
+or a copy of the call, finds it.
 Three things set a tracked call apart from any other:
 
 * **It does not belong to its connection.** The handler's task is the
@@ -83,8 +94,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -114,17 +124,18 @@ RECEIPT_MIN: Final = 64 * 1024
 
 #: A finished call's outcome: its encoded result, or its error.
 Outcome = bytes | ExecdError
-#: An outcome kept compactly: the encoded result (None for an error), the error's code,
-#: message and encoded data.
-Kept = tuple[bytes | None, int, str, bytes]
+#: An outcome kept compactly: the encoded result as it is, or the error's code, message
+#: and encoded data.
+Kept = bytes | tuple[int, str, bytes]
 #: One output stream of a finished call as kept: its name, the offset of its first kept
 #: byte, the kept chunks, and whether it had ended.
 KeptStream = tuple[str, int, tuple[bytes, ...], bool]
-#: A finished call as the retention window keeps it: its outcome and its kept output, by
-#: stream name. Tuples of bytes, ints and strings, which the garbage collector stops
-#: tracking (the Request, its locks and buffers go), and which never change: letting
-#: output go replaces the entry, so an attach replaying it keeps what it took.
-Finished = tuple[Kept, tuple[KeptStream, ...]]
+#: A finished call as the retention window keeps it: the bytes it costs, its outcome and its
+#: kept output, by stream name. Tuples of bytes, ints and strings, which the garbage
+#: collector stops tracking (the Request, its locks and buffers go), and which never
+#: change: letting output go replaces the entry, so an attach replaying it keeps what it
+#: took.
+Finished = tuple[int, Kept, tuple[KeptStream, ...]]
 Callback = Callable[[], Awaitable[None] | None]
 
 
@@ -159,35 +170,54 @@ class _Output:
         return _tail(self.chunks, self.base, offset)
 
 
-@dataclass(slots=True, eq=False, repr=False)
 class Request:
-    """One call known by its request id while it runs (finished, it is kept as :data:`Finished`).
+    """The record of a tracked call while it runs (finished, it is kept as :data:`Finished`).
 
-    It is also the :class:`~execd.context.CallContext` its handler runs with:
-    output goes through it into the request's own buffers (and on to the call
-    bound to it), so it survives the connection the call came on.
+    Made by :meth:`RequestTable.open` for a call that is not over once its
+    dispatch returns, or that sends output. Its output goes through
+    :meth:`send` into the request's own buffers (and on to the call bound to
+    it), so it survives the connection the call came on. ``origin`` is the
+    original call's plain context (on its real connection, not the tracked
+    call's virtual one): the output goes there while the call is bound to it.
     """
 
-    table: RequestTable
-    rid: bytes
-    method: str
-    origin_connection: int
-    call_id: int
-    virtual_id: int
-    #: (connection id, call id) of the call that gets the answer; None while unbound.
-    bound_to: tuple[int, int] | None
-    #: The original call's context, once its task has started.
-    origin: CallContext | None = field(default=None, init=False)
-    #: That call's context (None until it has started).
-    sink: CallContext | None = field(default=None, init=False)
-    task: asyncio.Task[Any] | None = field(default=None, init=False)
-    outcome: Outcome | None = field(default=None, init=False)
-    done: asyncio.Future[None] | None = field(default=None, init=False)
-    attached: asyncio.Future[None] | None = field(default=None, init=False)
-    #: Output kept per stream (None until the handler sends any: most calls never do).
-    streams: dict[str, _Output] | None = field(default=None, init=False)
-    grace: asyncio.TimerHandle | None = field(default=None, init=False)
-    lost: bool = field(default=False, init=False)
+    __slots__ = (
+        "attached",
+        "bound_to",
+        "call_id",
+        "done",
+        "grace",
+        "lost",
+        "method",
+        "origin",
+        "origin_connection",
+        "outcome",
+        "rid",
+        "sink",
+        "streams",
+        "table",
+        "task",
+    )
+
+    def __init__(self, table: RequestTable, rid: bytes, method: str, origin: CallContext) -> None:
+        self.table = table
+        self.rid = rid
+        self.method = method
+        self.origin_connection = origin.connection_id
+        self.call_id = origin.call_id
+        #: The connection whose call gets the answer; None while unbound.
+        self.bound_to: int | None = self.origin_connection
+        self.origin: CallContext | None = origin
+        #: The context of the call that gets the answer; None while unbound.
+        self.sink: CallContext | None = origin
+        self.task: asyncio.Task[Any] | None = None
+        self.outcome: Outcome | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.attached: asyncio.Future[None] | None = None
+        #: Output kept per stream (None until the handler sends any: most calls never do).
+        self.streams: dict[str, _Output] | None = None
+        self.grace: asyncio.TimerHandle | None = None
+        self.lost = False
 
     def output(self, stream: str) -> _Output:
         streams = self.streams
@@ -198,23 +228,15 @@ class Request:
             out = streams[stream] = _Output()
         return out
 
-    # -- the CallContext of the tracked call ----------------------------------------------
-
-    @property
-    def connection_id(self) -> int:
-        # Not the connection's own: closing it must not stop what tracked calls started.
-        # One per connection, so that a call can still name another by its call id
-        # (shell.signal), and on_close runs once the connection is closed and every
-        # tracked call it started has ended.
-        return self.virtual_id
-
     @property
     def max_chunk(self) -> int:
+        """The largest chunk the call that gets the output takes."""
         sink = self.sink or self.origin
         assert sink is not None
         return sink.max_chunk
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        """The handler's output on ``stream``: kept, and sent on to the bound call if any."""
         out = self.output(stream)
         table = self.table
         while self.bound_to is None and out.size > table.detached_cap:
@@ -231,21 +253,6 @@ class Request:
                 return  # kept: an attach replays it
             out.trim(table.keep)
 
-    async def receive(self, stream: str) -> AsyncIterator[bytes]:
-        # Uploads come on the original call only; a lost connection ends them.
-        origin = self.origin
-        assert origin is not None
-        async for data in origin.receive(stream):
-            yield data
-
-    async def push_event(self, topic: int, name: str, data: Any) -> None:
-        origin = self.origin
-        assert origin is not None
-        await origin.push_event(topic, name, data)
-
-    def on_close(self, callback: Callback) -> None:
-        self.table.on_virtual_close(self.virtual_id, callback)
-
 
 class RequestTable:
     """Every request id execd knows: running, kept, and recently evicted."""
@@ -254,11 +261,12 @@ class RequestTable:
         self.grace = limits.request_grace
         self.max_count = limits.request_retention
         self.max_bytes = limits.request_retention_bytes
+        #: Evicted ids remembered (their order is :attr:`_evicted_order`).
+        self.remembered = EVICTED_MEMORY * self.max_count
         self.keep = limits.output_cap
         self.detached_cap = 2 * limits.output_cap
         self._running: dict[bytes, Request] = {}
-        # rid -> (bytes it costs, the request or its compact outcome)
-        self._finished: dict[bytes, tuple[int, Finished]] = {}
+        self._finished: dict[bytes, Finished] = {}
         # The ids of _finished, oldest first (only eviction takes them out of either), and
         # the evicted ids remembered, as a set and oldest first: a deque and a plain table
         # cost no allocation per entry, as an OrderedDict's linked nodes do.
@@ -289,31 +297,37 @@ class RequestTable:
     def methods(self) -> list[Method]:
         return bind(self, api.RPCS)
 
-    def track(
-        self, rid: bytes, method: Method, connection_id: int, call_id: int
-    ) -> tuple[Method, Request | None]:
-        """What runs call ``call_id`` of ``method`` carrying request id ``rid``.
+    def track(self, rid: bytes, method: Method) -> tuple[Method, bool]:
+        """What runs a call of ``method`` carrying request id ``rid``, and whether it is tracked.
 
-        The method to run, and the request to run it as (None: untracked).
-        A new id is registered at once, before its handler runs: a connection
-        that closes right behind the call must find it (and leave its task
-        running). The dispatcher runs the handler with :meth:`started`'s
-        context and hands the outcome to :meth:`finish`.
+        A new id is tracked: the dispatcher runs the handler and hands the
+        outcome to :meth:`finish`, having opened the call's record
+        (:meth:`open`) if the call is not over once its dispatch returns, or
+        sends output. A
+        known id runs an attach to its request instead (never the method
+        again); a connection-scoped method is not tracked.
         """
         if method.name in api.CONNECTION_SCOPED:
-            return method, None
+            return method, False
         if rid in self._running or rid in self._finished or rid in self._evicted:
-            return Method(method.rpc, functools.partial(self._again, rid)), None
-        req = Request(
-            self, rid, method.name, connection_id, call_id, -connection_id, (connection_id, call_id)
-        )
-        self._running[rid] = req
-        return method, req
+            return Method(method.rpc, functools.partial(self._again, rid)), False
+        return method, True
+
+    def open(self, rid: bytes, method: str, origin: CallContext) -> Request:
+        """The record of the tracked call ``rid`` of ``method``, registered as running.
+
+        ``origin`` is the call's plain context on its connection. Opened
+        before the next frame is read when the call is not over once its
+        dispatch returns: a connection that closes right behind the call must
+        find it (and leave its task running), and so must a copy of the call.
+        """
+        req = self._running[rid] = Request(self, rid, method, origin)
+        return req
 
     def connection_opened(self, server_nonce: bytes) -> None:
         """An authenticated connection: remember its nonce (``request.attach``'s ``sent_on``)."""
         self._nonces[server_nonce] = None
-        if len(self._nonces) > EVICTED_MEMORY * self.max_count:
+        if len(self._nonces) > self.remembered:
             self._nonces.popitem(last=False)
 
     def connection_closed(
@@ -335,8 +349,7 @@ class RequestTable:
             if req.origin_connection == connection_id:
                 survivors.append(req.call_id)
                 req.task = tasks.get(req.call_id)
-            bound = req.bound_to
-            if bound is not None and bound[0] == connection_id:
+            if req.bound_to == connection_id:
                 req.sink = None
                 req.bound_to = None
                 if req.grace is None:
@@ -379,8 +392,7 @@ class RequestTable:
         req = self._running.get(rid)
         if req is not None:
             return req
-        kept = self._finished.get(rid)
-        return kept[1] if kept is not None else None
+        return self._finished.get(rid)
 
     async def _again(self, rid: bytes, params: Any, ctx: CallContext) -> Any:
         """A call with an id already known: attach to it (it never runs twice)."""
@@ -389,27 +401,36 @@ class RequestTable:
             raise self._not_known(rid, "evicted" if rid in self._evicted else "unknown")
         return await self._attach(rid, found, ctx, {})
 
-    def started(self, req: Request, ctx: CallContext) -> Request:
-        """The original call of ``req`` starts with ``ctx``; the context its handler gets."""
-        req.origin = ctx
-        bound = req.bound_to
-        if bound is not None and bound[0] == req.origin_connection:
-            req.sink = ctx
-        return req
+    def cancelled(self, rid: bytes, method: str, req: Request | None) -> None:
+        """The handler of tracked call ``rid`` (record ``req``, if opened) was cancelled: by
+        its caller, or by a lost connection."""
+        lost = req is not None and req.lost
+        message = "cancelled: connection lost" if lost else f"{method} was cancelled"
+        self.finish(rid, Cancelled(message), req)
 
-    def cancelled(self, req: Request) -> None:
-        """The handler of ``req`` was cancelled: by its caller, or by a lost connection."""
-        message = "cancelled: connection lost" if req.lost else f"{req.method} was cancelled"
-        self.finish(req, Cancelled(message))
-
-    def finish(self, req: Request, outcome: Outcome) -> None:
-        """``req`` has its outcome: keep it in the retention window."""
-        req.outcome = outcome
-        rid = req.rid
-        self._running.pop(rid, None)
+    def finish(self, rid: bytes, outcome: Outcome, req: Request | None = None) -> None:
+        """Tracked call ``rid`` (record ``req``, if opened) has its outcome: keep it in the
+        retention window, with the output the record kept."""
         streams: tuple[KeptStream, ...] = ()
         output = 0
-        if req.streams:  # most calls have none: spare them the generators
+        if req is not None:
+            streams, output = self._ended(req, outcome)
+        kept, cost = (outcome, len(outcome)) if isinstance(outcome, bytes) else _compact(outcome)
+        size = output + ENTRY_OVERHEAD + cost
+        finished = self._finished
+        finished[rid] = (size, kept, streams)
+        self._finish_order.append(rid)
+        self.kept_bytes += size
+        if len(finished) > self.max_count or self.kept_bytes > self.max_bytes:
+            self._evict()
+
+    def _ended(self, req: Request, outcome: Outcome) -> tuple[tuple[KeptStream, ...], int]:
+        """``req`` has its outcome: it runs no more. The output it keeps, and its size."""
+        req.outcome = outcome
+        self._running.pop(req.rid, None)
+        streams: tuple[KeptStream, ...] = ()
+        output = 0
+        if req.streams:  # many calls have none: spare them the generators
             streams, output = self._keep_output(req, req.streams)
         req.task = req.sink = req.bound_to = req.origin = None
         if req.grace is not None:
@@ -419,21 +440,14 @@ class RequestTable:
             req.done.set_result(None)
         closed = self._closed_running
         if closed:
-            virtual = req.virtual_id
+            virtual = -req.origin_connection
             left = closed.get(virtual)
             if left == 1:
                 del closed[virtual]
                 self._virtual_closed(virtual)
             elif left is not None:
                 closed[virtual] = left - 1
-        kept, cost = _compact(outcome)
-        size = output + ENTRY_OVERHEAD + cost
-        finished = self._finished
-        finished[rid] = (size, (kept, streams))
-        self._finish_order.append(rid)
-        self.kept_bytes += size
-        if len(finished) > self.max_count or self.kept_bytes > self.max_bytes:
-            self._evict()
+        return streams, output
 
     def _keep_output(
         self, req: Request, outputs: dict[str, _Output]
@@ -446,7 +460,7 @@ class RequestTable:
         output = sum(out.size for out in outputs.values())
         bound = req.bound_to
         if bound is not None and req.sink is not None:
-            self._await_receipt(req.rid, output, bound[0])
+            self._await_receipt(req.rid, output, bound)
         return streams, output
 
     # -- proof of receipt --------------------------------------------------------------
@@ -486,29 +500,31 @@ class RequestTable:
             kept = finished.get(rid)
             if kept is None:
                 continue  # evicted meanwhile
-            size, (outcome, streams) = kept
+            size, outcome, streams = kept
             released = _output_size(streams)
             left = tuple(
                 (name, base + sum(map(len, chunks)), (), ended)
                 for name, base, chunks, ended in streams
             )
-            finished[rid] = (size - released, (outcome, left))
+            finished[rid] = (size - released, outcome, left)
             self.kept_bytes -= released
         return connection_id in self.unproved
 
     def _evict(self) -> None:
+        """The window is over a bound: evict the oldest outcomes until it is within both
+        (remembering their ids)."""
         finished, order = self._finished, self._finish_order
         evicted, evicted_order = self._evicted, self._evicted_order
-        max_count, max_bytes = self.max_count, self.max_bytes
-        remembered = EVICTED_MEMORY * max_count
-        while order and (len(order) > max_count or self.kept_bytes > max_bytes):
+        while order:
             rid = order.popleft()
             self.kept_bytes -= finished.pop(rid)[0]
             self.evictions += 1
             evicted.add(rid)
             evicted_order.append(rid)
-            if len(evicted_order) > remembered:
+            if len(evicted_order) > self.remembered:
                 evicted.discard(evicted_order.popleft())
+            if len(order) <= self.max_count and self.kept_bytes <= self.max_bytes:
+                return
 
     def _expire(self, req: Request) -> None:
         req.grace = None
@@ -516,11 +532,12 @@ class RequestTable:
             return
         log.info("%s: no reattach within %g s; cancelling it", req.method, self.grace)
         req.lost = True
-        if req.task is not None:
-            req.task.cancel()
-        elif req.origin is None:
+        task = req.task
+        if task is not None and not task.done():
+            task.cancel()
+        else:
             # Its task was cancelled before it ever ran (a Cancel right behind the call).
-            self.finish(req, Cancelled("cancelled: connection lost"))
+            self.finish(req.rid, Cancelled("cancelled: connection lost"), req)
 
     # -- attaching ---------------------------------------------------------------------
 
@@ -537,7 +554,7 @@ class RequestTable:
         self, rid: bytes, found: Request | Finished, ctx: CallContext, offsets: dict[str, int]
     ) -> msgspec.Raw:
         if isinstance(found, tuple):
-            kept, streams = found
+            _, kept, streams = found
             _check_offsets([(name, base) for name, base, _, _ in streams], offsets)
             for name, base, chunks, ended in streams:
                 data = _tail(chunks, base, offsets.get(name, 0))
@@ -548,14 +565,14 @@ class RequestTable:
         req = found
         bound = req.bound_to
         if bound is not None:
-            if bound[0] == ctx.connection_id:
+            if bound == ctx.connection_id:
                 raise InvalidParams("the request is in flight on this connection already")
-            if bound[0] > ctx.connection_id:
+            if bound > ctx.connection_id:
                 # A copy of the call from an older connection, processed late: the newer
                 # connection keeps the request.
                 raise InvalidParams("the request is attached from a newer connection")
             # The client gave that connection up: close it, and the request moves here.
-            self.abort_connection(bound[0])
+            self.abort_connection(bound)
             self._unbind(req)
         _check_offsets([(name, out.base) for name, out in (req.streams or {}).items()], offsets)
         try:
@@ -591,7 +608,7 @@ class RequestTable:
                 out.lock.release()
 
     def _bind(self, req: Request, ctx: CallContext) -> None:
-        req.bound_to = (ctx.connection_id, ctx.call_id)
+        req.bound_to = ctx.connection_id
         req.sink = ctx
         if req.grace is not None:
             req.grace.cancel()
@@ -646,17 +663,17 @@ def _check_offsets(bases: list[tuple[str, int]], offsets: dict[str, int]) -> Non
 
 def _compact(outcome: Outcome) -> tuple[Kept, int]:
     """``outcome`` as the retention window keeps it, and the bytes that costs."""
-    if isinstance(outcome, ExecdError):
-        data = b"" if outcome.data is None else bytes(to_raw(outcome.data))
-        return (None, int(outcome.code), outcome.message, data), len(outcome.message) + 64
-    return (outcome, 0, "", b""), len(outcome)
+    if isinstance(outcome, bytes):
+        return outcome, len(outcome)
+    data = b"" if outcome.data is None else bytes(to_raw(outcome.data))
+    return (int(outcome.code), outcome.message, data), len(outcome.message) + 64
 
 
 def _expand(kept: Kept) -> msgspec.Raw:
     """The kept outcome as the attaching call's answer: its result, or its error raised."""
-    payload, code, message, data = kept
-    if payload is not None:
-        return msgspec.Raw(payload)
+    if isinstance(kept, bytes):
+        return msgspec.Raw(kept)
+    code, message, data = kept
     error = ExecdError(message, msgspec.Raw(data) if data else None)
     error.code = ErrorCode(code)  # type: ignore[misc]  # this instance's code
     raise error

@@ -124,6 +124,54 @@ class _CallContext:
         self._proto.add_close_callback(callback)
 
 
+class _TrackedContext(_CallContext):
+    """The CallContext of a call with a request id (:mod:`execd.requests`).
+
+    Its output goes through the call's :class:`~execd.requests.Request`, which
+    keeps it for an attach, and its connection is a virtual one (below).
+    Uploads and events are its own call's, as for any call. The request is
+    opened on first need (:meth:`open`): most calls answer without.
+    """
+
+    __slots__ = ("method", "request", "rid")
+
+    def __init__(self, proto: ServerProtocol, call_id: int, rid: bytes, method: str) -> None:
+        self._proto = proto
+        self._call_id = call_id
+        self.rid = rid
+        self.method = method
+        #: The call's record, once opened.
+        self.request: Request | None = None
+
+    @property
+    def connection_id(self) -> int:
+        # Not the connection's own: closing it must not stop what tracked calls started.
+        # One per connection, so that a call can still name another by its call id
+        # (shell.signal), and on_close runs once the connection is closed and every
+        # tracked call it started has ended.
+        return -self._proto.connection_id
+
+    @property
+    def max_chunk(self) -> int:
+        req = self.request
+        return self._proto.conn.max_chunk if req is None else req.max_chunk
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        await self.open().send(stream, data, end=end)
+
+    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
+        self._proto.server.requests.on_virtual_close(-self._proto.connection_id, callback)
+
+    def open(self) -> Request:
+        """The call's record, opened (and registered as running) if it is not yet."""
+        req = self.request
+        if req is None:
+            proto = self._proto
+            origin = _CallContext(proto, self._call_id)
+            req = self.request = proto.server.requests.open(self.rid, self.method, origin)
+        return req
+
+
 class ServerProtocol(FramedProtocol):
     """One client connection to execd."""
 
@@ -265,32 +313,46 @@ class ServerProtocol(FramedProtocol):
                 )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
-        req = None
-        if call.rid is not None:
-            method, req = server.requests.track(call.rid, method, self.connection_id, call.id)
+        ctx: _CallContext
+        tracked = None
+        if call.rid is None:
+            ctx = _CallContext(self, call.id)
+        else:
+            method, new = server.requests.track(call.rid, method)
+            if new:
+                ctx = tracked = _TrackedContext(self, call.id, call.rid, method.name)
+            else:
+                ctx = _CallContext(self, call.id)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         task = calls.start(
-            self._loop, self._run(call.id, method, params, req), method.name, method.direct
+            self._loop, self._run(call.id, method, params, ctx, tracked), method.name, method.direct
         )
         if task is not None:
             self._tasks[call.id] = task
+            if tracked is not None:
+                tracked.open()  # it runs on: from now on others must find it (execd.requests)
 
-    async def _run(self, call_id: int, method: Method, params: Any, req: Request | None) -> None:
-        """Run one call's handler and answer it; a tracked call (``req``) also keeps its outcome."""
+    async def _run(
+        self,
+        call_id: int,
+        method: Method,
+        params: Any,
+        ctx: _CallContext,
+        tracked: _TrackedContext | None,
+    ) -> None:
+        """Run one call's handler and answer it; a tracked call (``tracked``, also ``ctx``)
+        also keeps its outcome."""
         table = self.server.requests
         try:
-            ctx = _CallContext(self, call_id)
             error: ExecdError | None
             try:
-                result = await method.handler(
-                    params, ctx if req is None else table.started(req, ctx)
-                )
+                result = await method.handler(params, ctx)
                 encoded = ENCODER.encode(result)
                 del result  # a large result is held once (as its encoding), not twice
             except asyncio.CancelledError:
                 self._tasks.pop(call_id, None)
-                if req is not None:
-                    table.cancelled(req)
+                if tracked is not None:
+                    table.cancelled(tracked.rid, method.name, tracked.request)
                 if not self.closed:
                     self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
                 raise
@@ -298,7 +360,7 @@ class ServerProtocol(FramedProtocol):
                 error = exc
             except ConnectionLost:
                 # Only a tracked call outlives its connection, to be answered on another.
-                error = None if req is None else StreamError(_UPLOAD_LOST)
+                error = None if tracked is None else StreamError(_UPLOAD_LOST)
             except Exception:
                 log.exception("connection %d: %s failed", self.connection_id, method.name)
                 error = InternalError(f"internal error in {method.name}")
@@ -311,16 +373,16 @@ class ServerProtocol(FramedProtocol):
                     if not self.closed:
                         self._reply(call_id, method, msgspec.Raw(encoded))
                 finally:
-                    if req is not None:
-                        table.finish(req, encoded)
+                    if tracked is not None:
+                        table.finish(tracked.rid, encoded, tracked.request)
                 return
             self._tasks.pop(call_id, None)
             if error is not None:
                 try:
                     self._answer_error(call_id, error)
                 finally:
-                    if req is not None:
-                        table.finish(req, error)
+                    if tracked is not None:
+                        table.finish(tracked.rid, error, tracked.request)
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()

@@ -18,7 +18,8 @@ import harnessd
 from harnessd.api import ExecdClient
 from harnessd.reattach import Tracked
 from protocol.codec import to_raw
-from protocol.messages import Reply
+from protocol.errors import ErrorCode
+from protocol.messages import Error, Reply
 from tests.conftest import eventually
 from tests.support.cut_proxy import CutProxy
 from tests.support.daemon import RunningExecd, start_execd
@@ -196,6 +197,14 @@ async def test_the_oldest_outcomes_are_evicted_and_a_late_attach_is_told(
     assert caught.value.data["reason"] == "unknown"
 
 
+def _shell_run_as(
+    client: ExecdClient, rid: bytes, params: dict[str, str]
+) -> asyncio.Future[Reply | Error]:
+    """Send ``shell.run`` with ``params`` under request id ``rid``; the future of its answer."""
+    tracked = Tracked(rid, "shell.run", to_raw(params), b"")
+    return client._send_call("shell.run", params, tracked=tracked)[1]
+
+
 async def test_a_call_resent_with_a_known_id_does_not_run_again(
     execd: RunningExecd, client: ExecdClient, tmp_path: Path
 ) -> None:
@@ -204,12 +213,27 @@ async def test_a_call_resent_with_a_known_id_does_not_run_again(
     rid = os.urandom(16)
     answers = []
     for _ in range(2):
-        tracked = Tracked(rid, "shell.run", to_raw(params), b"")
-        _, future = client._send_call("shell.run", params, tracked=tracked)
-        answer = await future
+        answer = await _shell_run_as(client, rid, params)
         assert isinstance(answer, Reply)
         answers.append(bytes(answer.result))
     assert answers[0] == answers[1]  # the same kept result, pid included
+    assert target.read_text() == "x\n"
+
+
+async def test_a_copy_right_behind_a_call_that_runs_on_finds_it_in_flight(
+    execd: RunningExecd, client: ExecdClient, tmp_path: Path
+) -> None:
+    # The call's record is opened only once its dispatch returns with the call not over:
+    # still before execd reads the copy sent right behind it on the same connection.
+    target = tmp_path / "f"
+    params = {"command": f"echo x >> {target}; sleep 0.5; echo ran"}
+    rid = os.urandom(16)
+    first, second = _shell_run_as(client, rid, params), _shell_run_as(client, rid, params)
+    copy = await second
+    assert isinstance(copy, Error) and copy.code == ErrorCode.INVALID_PARAMS
+    assert "in flight on this connection" in copy.message
+    original = await first
+    assert isinstance(original, Reply)
     assert target.read_text() == "x\n"
 
 

@@ -13,15 +13,13 @@ import pytest
 
 from execd.config import Limits
 from execd.context import Method
-from execd.errors import RequestNotKnown
+from execd.errors import ExecdError, InvalidParams, RequestNotKnown
 from execd.requests import ENTRY_OVERHEAD, EVICTED_MEMORY, RequestTable
 from protocol.rpc import core
 from protocol.rpc import request as api
 from tests.support.local_ctx import LocalContext
 
 pytestmark = pytest.mark.anyio
-
-CONNECTION = 7
 
 
 async def _noop(params: object, ctx: object) -> None:
@@ -36,11 +34,10 @@ def _rid(n: int) -> bytes:
 
 
 def _run(table: RequestTable, n: int, result: bytes = b"\xc0") -> None:
-    """Track, start and finish call ``n`` (request id ``_rid(n)``) with ``result``."""
-    method, req = table.track(_rid(n), NOOP, CONNECTION, n)
-    assert method is NOOP and req is not None
-    table.started(req, LocalContext(call_id=n))
-    table.finish(req, result)
+    """Track and finish call ``n`` (request id ``_rid(n)``) with ``result``."""
+    method, tracked = table.track(_rid(n), NOOP)
+    assert method is NOOP and tracked
+    table.finish(_rid(n), result)
 
 
 async def _reason(table: RequestTable, n: int) -> str:
@@ -99,7 +96,37 @@ async def test_the_byte_bound_evicts_the_oldest_outcomes_first() -> None:
 async def test_a_known_id_attaches_instead_of_running_again() -> None:
     table = RequestTable(Limits())
     _run(table, 1)
-    method, req = table.track(_rid(1), NOOP, CONNECTION, 2)
-    assert req is None and method is not NOOP  # an attach, never a second run
+    method, tracked = table.track(_rid(1), NOOP)
+    assert not tracked and method is not NOOP  # an attach, never a second run
     answer = await method.handler(None, LocalContext(call_id=2))
     assert bytes(answer) == b"\xc0"  # the kept result, as the call's answer
+
+
+async def _answer(table: RequestTable, n: int) -> bytes | tuple[int, str]:
+    """What an attach to call ``n`` is answered: the result, or the error's code and message."""
+    try:
+        answer = await table.request_attach(
+            api.AttachParams(rid=_rid(n), offsets={}), LocalContext()
+        )
+    except ExecdError as exc:
+        return int(exc.code), exc.message
+    return bytes(answer)
+
+
+@pytest.mark.parametrize("outcome", [b"\x92\x01\x02", InvalidParams("no such thing")])
+async def test_a_call_finished_with_its_record_opened_is_kept_as_one_finished_without(
+    outcome: bytes | ExecdError,
+) -> None:
+    # Most calls answer in their first step and never open a record: what the window keeps
+    # of them must not differ from what it keeps of a call that ran on.
+    bare, opened = RequestTable(Limits()), RequestTable(Limits())
+    assert bare.track(_rid(1), NOOP) == (NOOP, True)
+    assert opened.track(_rid(1), NOOP) == (NOOP, True)
+    req = opened.open(_rid(1), NOOP.name, LocalContext(call_id=1))
+    assert opened.running == 1
+    bare.finish(_rid(1), outcome)
+    opened.finish(_rid(1), outcome, req)
+    assert bare.running == opened.running == 0
+    assert bare.kept == opened.kept == 1
+    assert bare.kept_bytes == opened.kept_bytes
+    assert await _answer(bare, 1) == await _answer(opened, 1)
