@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Final, cast
 
-from protocol.connection import Connection, ConnectionEvent, Frame, State
+from protocol.connection import Connection, ConnectionEvent, Frame
 from protocol.errors import (
     ConnectionLost,
     ErrorCode,
@@ -48,6 +48,7 @@ from protocol.errors import (
 )
 from protocol.framing import SplicedFrame
 from protocol.messages import Chunk, Credit, Error, Message, Reply
+from protocol.states import CLOSED
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         finally:
             if outer is None:
                 self._release_held()
-        if self.conn.state is State.CLOSED:
+        if self.conn.state is CLOSED:
             self.abort(None)
 
     def _put(self, transport: asyncio.Transport, frame: Frame) -> None:
@@ -326,7 +327,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             # Large chunks of immutable data go out as SplicedFrames: written, not copied.
             frame = self.conn.send(message, splice=True)
         except LocalProtocolError:
-            if self.conn.state is State.CLOSED:
+            if self.conn.state is CLOSED:
                 raise self.closed_error() from None
             raise
         transport = self.transport

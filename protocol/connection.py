@@ -94,7 +94,7 @@ from protocol.messages import (
     Reply,
     Welcome,
 )
-from protocol.states import ACCEPTS, HANDSHAKE_ORDER, SENDS, Role, State
+from protocol.states import ACCEPTS, CLOSED, HANDSHAKE_ORDER, OPEN, SENDS, Role, State
 
 __all__ = [
     "ClientConnection",
@@ -220,7 +220,7 @@ class Connection:
 
         Raises RemoteProtocolError on any violation (then CLOSED, an Abort frame in the outbox).
         """
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return []
         self._reader.feed(data)
         return self._process()
@@ -230,7 +230,7 @@ class Connection:
 
         Raises RemoteProtocolError exactly as :meth:`receive_data` does.
         """
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return []
         self._reader.buffer_updated(nbytes)
         return self._process()
@@ -249,7 +249,7 @@ class Connection:
         large plaintext chunk of immutable data may come back as a SplicedFrame.
         """
         sender = self._senders.get(type(message))
-        if sender is None or self.state is not State.OPEN:
+        if sender is None or self.state is not OPEN:
             raise LocalProtocolError(
                 f"a {self.role.value} cannot send {type(message).__name__} in state "
                 f"{self.state.value}"
@@ -291,7 +291,7 @@ class Connection:
             or entry is None
             or entry.in_seq == 0
             or entry.in_ended
-            or self.state is not State.OPEN
+            or self.state is not OPEN
         ):
             return b""
         entry.in_left += nbytes
@@ -299,7 +299,7 @@ class Connection:
 
     def close(self, code: ErrorCode = ErrorCode.GOING_AWAY, message: str = "") -> bytes:
         """Move to CLOSED; return an Abort frame to send first (empty if already closed)."""
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return b""
         out = bytes(self._abort_frame(code, message))
         self._enter(State.CLOSED)
@@ -312,7 +312,7 @@ class Connection:
         events: list[ConnectionEvent] = []
         try:
             # A frame may close the connection: look at the state before each.
-            while self.state is not State.CLOSED:
+            while self.state is not CLOSED:
                 frame = reader.next_frame()
                 if frame is None:
                     break
@@ -446,7 +446,7 @@ class Connection:
             return b""
 
     def _fail(self, exc: RemoteProtocolError) -> None:
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return
         # An authentication failure says no more than that: no hint for a prober.
         text = "authentication failed" if isinstance(exc, AuthenticationFailed) else exc.message
