@@ -84,7 +84,8 @@ async def _calls(calls: int, load: Load, wrapper: list[str]) -> None:
     workdir, path = _workdir(data)
     try:
         async with start_execd(workdir, *_SLOW_START, timeout=300.0, wrapper=wrapper) as execd:
-            client = await execd.connect(encrypt=load.encrypt != "none" and load.encrypt)
+            cipher = load.encrypt if load.encrypt != "none" else False
+            client = await execd.connect(encrypt=cipher)
             client.request_ids = load.request_ids
             actions: dict[str, Callable[[], Awaitable[object]]] = {
                 "noop": client.noop,

@@ -340,8 +340,10 @@ class ServerProtocol(FramedProtocol):
         ctx: _CallContext,
         tracked: _TrackedContext | None,
     ) -> None:
-        """Run one call's handler and answer it; a tracked call (``tracked``, also ``ctx``)
-        also keeps its outcome."""
+        """Run one call's handler and answer it; a tracked call also keeps its outcome.
+
+        ``tracked`` is ``ctx`` itself for a call with a new request id, else None.
+        """
         table = self.server.requests
         try:
             error: ExecdError | None
