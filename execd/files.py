@@ -33,6 +33,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -41,7 +42,7 @@ from execd.config import Config
 from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
 from execd.fit import result_budget
-from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles
+from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, SYNC_INLINE_MAX, LocalFiles
 from execd.workers import Work, WorkerPool
 from protocol.rpc import files as rpc
 from protocol.rpc.files import (
@@ -342,17 +343,20 @@ class FilesCapability:
     ) -> None:
         """Write the content that came in the call itself (at most one frame).
 
-        Small content in plain mode to a local filesystem is written on the
-        event loop (see :mod:`execd.local_fs`); anything else in one trip to a
-        thread (an fsync may take milliseconds).
+        Small content to a local filesystem is written on the event loop (see
+        :mod:`execd.local_fs`): in plain mode always, in atomic mode (fsync and
+        rename) while the worker pool is idle and fsyncs are quick; anything
+        else in one trip to a thread.
         """
         data = params.data
         assert data is not None
-        small = not (params.atomic or params.durable) and len(data) <= INLINE_MAX
-        if small and self._local.trusted(path):
+        if self._inline_write(params, len(data)) and self._local.trusted(path):
+            started = time.monotonic()
             sink.open()
             if self._local.note(path, sink.device):
                 _write_whole(sink, data, params.expected_size, opened=True)
+                if params.atomic:
+                    self._local.synced(time.monotonic() - started)
                 return
         await work.run(
             functools.partial(
@@ -360,6 +364,14 @@ class FilesCapability:
             )
         )
         self._local.note(path, sink.device)
+
+    def _inline_write(self, params: WriteParams, size: int) -> bool:
+        """Whether inline content of ``size`` bytes may be written on the loop (a local file)."""
+        if params.durable:
+            return False  # two fsyncs, the second a journal commit: always the thread
+        if not params.atomic:
+            return size <= INLINE_MAX
+        return size <= SYNC_INLINE_MAX and self._pool.idle and self._local.syncs_inline()
 
     async def _write_stream(
         self, work: Work, sink: fsops.FileSink, expected_size: int | None, ctx: CallContext

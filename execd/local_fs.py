@@ -12,6 +12,18 @@ server pleases. So :mod:`execd.files` runs a call's units inline only when
   open, as a symlink may lead elsewhere): :meth:`LocalFiles.note`;
 * and it is small (:data:`INLINE_READ_MAX` to read, :data:`INLINE_MAX` to write).
 
+An atomic write also waits for its fsync, which on a local disk takes a few
+hundred microseconds and can take far longer when the disk is busy. The trip
+to a thread and back costs 0.1-0.3 ms on top of that here (the thread and the
+loop each wake from an idle core), so a small atomic write (at most
+:data:`SYNC_INLINE_MAX`) commits on the loop too, but only when nothing else
+could be held up by it and while fsyncs are quick: the worker pool is idle
+(no other file work is in flight: a concurrent large write is what makes a
+journal commit slow), and no commit on the loop took more than
+:data:`SLOW_SYNC` in the last :data:`SLOW_SYNC_BACKOFF` seconds
+(:meth:`LocalFiles.syncs_inline`). A slow disk therefore stalls the loop
+once, for that one commit, and then its commits go back to the thread.
+
 Anything else keeps the worker thread. A directory is learnt from a call
 that ran in a thread and found its file on a local filesystem; the table of
 directories is bounded (emptied when full). Filesystem types come from
@@ -21,6 +33,7 @@ directories is bounded (emptied when full). Filesystem types come from
 from __future__ import annotations
 
 import os
+import time
 from typing import Final
 
 INLINE_MAX: Final = 128 * 1024
@@ -29,6 +42,15 @@ INLINE_MAX: Final = 128 * 1024
 INLINE_READ_MAX: Final = 1024 * 1024
 """Most bytes a call reads on the event loop: a page-cache copy of 60-100 us here, no more
 than the loop spends anyway encoding and sending the same bytes."""
+
+SYNC_INLINE_MAX: Final = 64 * 1024
+"""Most bytes an atomic write commits (fsync and rename) on the event loop."""
+
+SLOW_SYNC: Final = 0.002
+"""Seconds an atomic write on the loop may take before commits go to the thread for a while."""
+
+SLOW_SYNC_BACKOFF: Final = 1.0
+"""Seconds commits stay in the thread after one on the loop was slow."""
 
 DIRECTORIES_MAX: Final = 4096
 """Most directories remembered as local (the table is emptied when full)."""
@@ -75,10 +97,20 @@ def mount_types(mountinfo: str) -> dict[int, str]:
 class LocalFiles:
     """Directories and devices known to be local (see the module docstring)."""
 
-    def __init__(self, mountinfo: str = MOUNTINFO) -> None:
+    def __init__(
+        self,
+        mountinfo: str = MOUNTINFO,
+        *,
+        slow_sync: float = SLOW_SYNC,
+        sync_backoff: float = SLOW_SYNC_BACKOFF,
+    ) -> None:
         self._mountinfo = mountinfo
+        self._slow_sync = slow_sync
+        self._sync_backoff = sync_backoff
         self._directories: set[str] = set()
         self._devices: dict[int, bool] = {}
+        #: ``time.monotonic()`` before which commits stay off the loop.
+        self._sync_in_thread_until = 0.0
 
     def trusted(self, path: str) -> bool:
         """Whether ``path``'s directory was seen on a local filesystem (open inline)."""
@@ -113,3 +145,12 @@ class LocalFiles:
             return True
         self._directories.discard(directory)
         return False
+
+    def syncs_inline(self) -> bool:
+        """Whether a small commit may wait for its fsync on the loop (see the module docstring)."""
+        return time.monotonic() >= self._sync_in_thread_until
+
+    def synced(self, seconds: float) -> None:
+        """Record how long a commit on the loop took; a slow one sends the next ones to the thread."""
+        if seconds > self._slow_sync:
+            self._sync_in_thread_until = time.monotonic() + self._sync_backoff

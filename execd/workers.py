@@ -97,6 +97,11 @@ class WorkerPool:
         """Threads alive now."""
         return self._threads
 
+    @property
+    def idle(self) -> bool:
+        """Whether no unit of any lane is in the pool (running, queued, stuck or waiting)."""
+        return not self._lanes
+
     def running(self, lane: Hashable) -> int:
         """Units of ``lane`` in the pool now (running, queued or stuck)."""
         entry = self._lanes.get(lane)

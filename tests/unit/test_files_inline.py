@@ -1,9 +1,11 @@
 """Small local file I/O on the event loop agrees with the worker-thread path, case by case.
 
 Two ``files`` capabilities get the same calls on twin directories: one that
-trusts its directory as local (small reads and plain writes then run inline,
-and its pool never starts a thread) and one that trusts nothing (every unit
-in a worker thread). Results, errors and the files left behind must match.
+trusts its directory as local (small reads and writes then run inline, and
+its pool never starts a thread) and one that trusts nothing (every unit in a
+worker thread). Results, errors and the files left behind must match. Small
+atomic writes commit inline only while the pool is idle and commits are
+quick: the last tests hold each condition false in turn.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,13 @@ import pytest
 from execd.config import Config
 from execd.errors import ExecdError
 from execd.files import FilesCapability
-from execd.local_fs import INLINE_MAX, INLINE_READ_MAX, LocalFiles, mount_types
+from execd.local_fs import (
+    INLINE_MAX,
+    INLINE_READ_MAX,
+    SYNC_INLINE_MAX,
+    LocalFiles,
+    mount_types,
+)
 from execd.workers import WorkerPool
 from protocol.rpc.files import ReadParams, WriteParams
 from tests.support.local_ctx import LocalContext
@@ -93,12 +103,24 @@ INLINE_CASES: dict[str, Case] = {
     "write a fifo": _write(path="fifo", data=b"x"),
     "write a directory": _write(path="dir", data=b"x"),
     "write with expected_size": _write(path="new.txt", data=b"abc", expected_size=3),
+    "atomic write": _write(path="small.txt", data=b"atomic", atomic=True),
+    "atomic write new": _write(path="new.txt", data=b"atomic", atomic=True),
+    "atomic write with mode": _write(path="small.txt", data=b"m", atomic=True, mode=0o604),
+    "atomic write at the sync bound": _write(
+        path="small.txt", data=b"s" * SYNC_INLINE_MAX, atomic=True
+    ),
+    "atomic write a directory": _write(path="dir", data=b"x", atomic=True),
+    "atomic write a fifo": _write(path="fifo", data=b"x", atomic=True),
 }
 THREAD_CASES: dict[str, Case] = {
     "write into a missing directory": _write(path="nowhere/new.txt", data=b"x"),
     "write creating parents": _write(path="a/b/new.txt", data=b"x", create_parents=True),
     "write over the inline bound": _write(path="big.bin", data=b"z" * (INLINE_MAX + 1)),
-    "atomic write": _write(path="small.txt", data=b"atomic", atomic=True),
+    "atomic write over the sync bound": _write(
+        path="small.txt", data=b"s" * (SYNC_INLINE_MAX + 1), atomic=True
+    ),
+    "durable atomic write": _write(path="small.txt", data=b"d", atomic=True, durable=True),
+    "durable plain write": _write(path="small.txt", data=b"d", durable=True),
 }
 
 
@@ -128,6 +150,48 @@ def test_what_may_wait_keeps_the_thread_and_agrees(tmp_path: Path, name: str) ->
     fast, _, slow, fast_root, slow_root = _pair(tmp_path)
     case = THREAD_CASES[name]
     assert _outcome(fast, fast_root, case) == _outcome(slow, slow_root, case)
+
+
+def _threads_for_atomic_write(fast: FilesCapability, pool: WorkerPool, root: Path) -> int:
+    _outcome(fast, root, _write(path="small.txt", data=b"atomic", atomic=True))
+    return pool.threads
+
+
+def test_a_slow_commit_sends_commits_to_the_thread_for_a_while(tmp_path: Path) -> None:
+    local = LocalFiles(slow_sync=0.002, sync_backoff=0.2)
+    assert local.syncs_inline()
+    local.synced(0.001)
+    assert local.syncs_inline(), "a quick commit changes nothing"
+    local.synced(0.003)
+    assert not local.syncs_inline()
+    time.sleep(0.25)
+    assert local.syncs_inline(), "commits come back to the loop after the backoff"
+
+    fast, pool, _, fast_root, _ = _pair(tmp_path)
+    fast._local.synced(60.0)
+    assert _threads_for_atomic_write(fast, pool, fast_root) == 1
+    assert (fast_root / "small.txt").read_bytes() == b"atomic"
+
+
+def test_a_busy_pool_keeps_commits_in_the_thread(tmp_path: Path) -> None:
+    fast, pool, _, fast_root, _ = _pair(tmp_path)
+    release = threading.Event()
+
+    async def main() -> tuple[bool, int]:
+        unit = await pool.submit("another connection", release.wait)
+        try:
+            busy = not pool.idle
+            write = WriteParams(path=str(fast_root / "small.txt"), data=b"atomic")
+            await fast.files_write(write, LocalContext())
+            return busy, pool.threads
+        finally:
+            release.set()
+            await unit
+
+    busy, threads = asyncio.run(main())
+    assert busy and threads == 2, "the commit did not go to a thread of its own"
+    assert pool.idle
+    assert (fast_root / "small.txt").read_bytes() == b"atomic"
 
 
 def test_a_directory_is_trusted_only_once_seen_local(tmp_path: Path) -> None:
