@@ -207,6 +207,11 @@ class Session:
         """True once :meth:`close` has been called."""
         return self._closing is not None
 
+    @property
+    def created_workdir(self) -> bool:
+        """True when the launch made ``workdir`` (so closing removes it unless the log is kept)."""
+        return self._options.created_workdir
+
     async def reconnect(self, *, timeout: float | None = None) -> ExecdClient:
         """Connect again to the same execd and make the new client ``session.client``.
 

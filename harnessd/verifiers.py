@@ -360,8 +360,8 @@ class ExecdRuntime(Runtime):  # type: ignore[misc]
         """Synchronously kill every marked process and remove the workdir; no event loop needed.
 
         verifiers runs this at interpreter exit for every runtime still live.
-        It runs ``execd cleanup --marker`` (and ``rm -rf`` of a workdir made at
-        start) through the harnessd runtime with blocking subprocesses; execd
+        It runs ``execd cleanup --marker`` (and ``rm -rf`` of the workdir and of
+        the launch directory made at start) through the harnessd runtime with blocking subprocesses; execd
         itself exits when its lease runs out without a connection. Idempotent.
         """
         box = self._box
@@ -373,6 +373,10 @@ class ExecdRuntime(Runtime):  # type: ignore[misc]
         commands += [self._cleanup_argv(uid) for uid, _ in box.users.values()]
         if box.created_workdir and box.workdir is not None:
             commands.append(["rm", "-rf", "--", box.workdir])
+        session = box.session
+        if session is not None and session.created_workdir:
+            # The launch's own directory (token, execd's log), as stop() removes it.
+            commands.append(["rm", "-rf", "--", session.workdir])
         for argv in commands:
             try:
                 _run_blocking(box.workspace, argv, budget)

@@ -532,7 +532,7 @@ def test_cleanup_is_synchronous_idempotent_and_stop_after_it_is_safe() -> None:
 
 
 EXIT_SCRIPT = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from harnessd.verifiers import ExecdConfig, ExecdRuntime
 
 async def main():
@@ -547,8 +547,10 @@ async def main():
             break
         except Exception:
             await asyncio.sleep(0.02)
+    # execd's output goes to its log, in the directory the launch made for it.
+    launch_dir = os.path.dirname(os.readlink(f"/proc/{rt.info.pid}/fd/2"))
     print(json.dumps({"live": live, "daemon": daemon, "execd": rt.info.pid,
-                      "workdir": rt.info.workdir}), flush=True)
+                      "workdir": rt.info.workdir, "launch_dir": launch_dir}), flush=True)
     # No stop(): a second Ctrl-C ends the program with the runtime live.
     raise KeyboardInterrupt
 
@@ -574,6 +576,8 @@ def test_interpreter_exit_without_stop_kills_everything(tmp_path: Path) -> None:
     assert wait_gone(seen["live"], 5.0)
     assert wait_gone(seen["daemon"], 5.0)
     assert not Path(seen["workdir"]).exists()
+    assert Path(seen["launch_dir"]).name.startswith("execd-"), seen["launch_dir"]
+    assert not Path(seen["launch_dir"]).exists(), "the launch directory (token, log) was left"
     # ...and execd itself leaves when its lease (2 s) runs out without a connection.
     assert wait_gone(seen["execd"], 20.0)
 
