@@ -149,6 +149,8 @@ class ExecdRuntimeInfo(BaseRuntimeInfo):  # type: ignore[misc]
     port: int | None = None
     pid: int | None = None
     workdir: str | None = None
+    log_path: str | None = None
+    """execd's log in the workspace (removed by a clean stop, kept when teardown failed)."""
     prefix: list[str] | None = None
 
 
@@ -324,6 +326,7 @@ class ExecdRuntime(Runtime):  # type: ignore[misc]
         self.info.port = box.session.port
         self.info.pid = box.session.pid
         self.info.workdir = box.workdir
+        self.info.log_path = box.session.log_path
 
     async def teardown(self) -> None:
         """Stop services, kill every marked process, remove the workdir made at start, stop execd.

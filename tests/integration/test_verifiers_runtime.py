@@ -547,8 +547,9 @@ async def main():
             break
         except Exception:
             await asyncio.sleep(0.02)
-    # execd's output goes to its log, in the directory the launch made for it.
-    launch_dir = os.path.dirname(os.readlink(f"/proc/{rt.info.pid}/fd/2"))
+    # execd's log is in the directory the launch made for it.
+    launch_dir = os.path.dirname(rt.info.log_path)
+    assert os.path.exists(rt.info.log_path)
     print(json.dumps({"live": live, "daemon": daemon, "execd": rt.info.pid,
                       "workdir": rt.info.workdir, "launch_dir": launch_dir}), flush=True)
     # No stop(): a second Ctrl-C ends the program with the runtime live.
