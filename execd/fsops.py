@@ -37,6 +37,12 @@ ENTRY_OVERHEAD = 64
 
 _TEMP_ATTEMPTS = 16
 _TEMP_PREFIX_CHARS = 32
+#: This process's first choice of a temporary's name (a random tag made once): the same name
+#: each time, so a directory written to again and again does not gather a new name (and, once
+#: renamed away, a negative dentry) per write; the name does not hide anything, O_EXCL is what
+#: makes it safe. When it is taken (a concurrent write to the same target, or anybody's file
+#: there), fresh random names are tried.
+_TEMP_TAG = secrets.token_hex(8)
 
 _T = TypeVar("_T")
 
@@ -131,14 +137,16 @@ def _create_exclusive(
     """Create a fresh hidden sibling of ``target`` with ``create(name)``.
 
     ``create`` must fail with FileExistsError when the name is taken (O_EXCL,
-    mkdir, symlink); another random name is then tried.
+    mkdir, symlink); the first name is the process's own (:data:`_TEMP_TAG`),
+    then random ones are tried.
     If ``create`` fails any other way, whatever it left under the name is
     removed before the error propagates.
     """
     directory, base = os.path.split(target)
     prefix = base[:_TEMP_PREFIX_CHARS]
-    for _ in range(attempts):
-        name = os.path.join(directory, f".{prefix}.{secrets.token_hex(8)}.tmp")
+    for attempt in range(attempts):
+        tag = _TEMP_TAG if attempt == 0 else secrets.token_hex(8)
+        name = os.path.join(directory, f".{prefix}.{tag}.tmp")
         try:
             return name, create(name)
         except FileExistsError as exc:

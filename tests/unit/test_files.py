@@ -554,6 +554,36 @@ def test_write_through_a_dangling_symlink_creates_the_file_it_names(tmp_path: Pa
     assert leftovers(tmp_path, {"missing.txt", "link.txt"}) == set()
 
 
+def test_atomic_write_goes_around_a_taken_temporary_name(tmp_path: Path) -> None:
+    from execd import fsops
+
+    target = tmp_path / "t.txt"
+    target.write_bytes(b"old")
+    # The first-choice name is predictable: whatever sits there is left alone.
+    squatted = tmp_path / f".t.txt.{fsops._TEMP_TAG}.tmp"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"keep")
+    squatted.symlink_to(elsewhere)
+    for data in (b"first", b"second"):
+        run(CAP.files_write(WriteParams(path=str(target), data=data), LocalContext()))
+        assert target.read_bytes() == data
+    assert squatted.is_symlink() and elsewhere.read_bytes() == b"keep"
+    assert leftovers(tmp_path, {"t.txt", "elsewhere", squatted.name}) == set()
+
+    async def many() -> None:
+        # Concurrent writes to one target from one process: one name each.
+        ctx = LocalContext()
+        payloads = [bytes([n]) * 100_000 for n in range(8)]
+        await asyncio.gather(
+            *(CAP.files_write(WriteParams(path=str(target), data=p), ctx) for p in payloads)
+        )
+        assert target.read_bytes() in payloads
+
+    squatted.unlink()
+    run(many())
+    assert leftovers(tmp_path, {"t.txt", "elsewhere"}) == set()
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="giving a file to another user needs root")
 def test_atomic_write_keeps_the_old_owner_and_mode(tmp_path: Path) -> None:
     target = tmp_path / "theirs.txt"
