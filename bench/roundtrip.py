@@ -5,11 +5,14 @@
    on uvicorn with an httpx keep-alive client, and grpcio unary. The five are
    measured in interleaved batches so the machine's noise hits them alike; the
    plaintext no-op once more without request ids (PROTOCOL.md 8.1), what
-   carrying them costs.
+   carrying them costs. The client runs on one core and every server on
+   another (:mod:`bench.placement`: left to the scheduler, placement decided
+   the ratio); then the floor and execd once more with everything on one
+   core, where what is left is each end's CPU time per round trip.
 2. 64 calls in flight on one connection (64 tasks each awaiting one call at
    a time), calls per second, for execd and the floor (and gRPC, which
    multiplexes on one channel; HTTP/1.1 cannot pipeline on one connection).
-   Server CPU per call is read from /proc around each run.
+   Server CPU per call is read from /proc around each run. Pinned as in 1.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from bench.baselines import GrpcClient, HttpClient, http_parser_name
 from bench.env import Env, cpu_seconds
 from bench.floor import connect_floor
+from bench.placement import pinned
 from bench.report import Row, Target
 from bench.servers import start_server
 from bench.settings import HOST, IN_FLIGHT, Settings
@@ -75,8 +79,6 @@ async def run(env: Env) -> list[Row]:
                 "http": slow,
                 "grpc": slow,
             }
-            samples = await interleaved(approaches, counts, rounds=settings.noop_rounds)
-            rows = _noop_rows(samples)
             servers = {
                 "floor": env.raw.pid,
                 "execd": env.execd.pid,
@@ -84,8 +86,19 @@ async def run(env: Env) -> list[Row]:
                 "execd_noid": env.execd.pid,
                 "grpc": grpc_server.pid,
             }
-            pipe = {name: approaches[name] for name in servers}
-            rows += await _pipelined_rows(pipe, servers, settings)
+            everyone = {*servers.values(), http_server.pid}
+            with pinned(everyone, "cross") as where:
+                samples = await interleaved(approaches, counts, rounds=settings.noop_rounds)
+                rows = _noop_rows(samples, where)
+                pipe = {name: approaches[name] for name in servers}
+                pipelined_rows = await _pipelined_rows(pipe, servers, settings)
+            one_core = {name: approaches[name] for name in ("floor", "execd", "execd_aes")}
+            with pinned(everyone, "same") as where:
+                samples = await interleaved(
+                    one_core, {name: counts[name] for name in one_core}, rounds=settings.noop_rounds
+                )
+            rows += _one_core_rows(samples, where)
+            rows += pipelined_rows
         finally:
             floor.close()
             await plain.close()
@@ -96,7 +109,7 @@ async def run(env: Env) -> list[Row]:
     return rows
 
 
-def _noop_rows(samples: dict[str, list[float]]) -> list[Row]:
+def _noop_rows(samples: dict[str, list[float]], where: str) -> list[Row]:
     shorts = {"floor": "floor", "http": "HTTP", "grpc": "gRPC", "execd": "execd plain"}
 
     def row(key: str, label: str, baselines: tuple[str, ...] = ("noop.floor",)) -> Row:
@@ -112,7 +125,7 @@ def _noop_rows(samples: dict[str, list[float]]) -> list[Row]:
             extra={"mean": summary.mean},
         )
 
-    floor = row("floor", "raw uvloop msgpack floor", ())
+    floor = row("floor", f"raw uvloop msgpack floor ({where})", ())
     http = row("http", f"FastAPI on uvicorn ({http_parser_name()}), httpx keep-alive")
     grpc = row("grpc", "grpcio unary, generic handler, bytes")
     execd = row("execd", "execd server.noop, plaintext", ("noop.floor", "noop.http", "noop.grpc"))
@@ -127,6 +140,31 @@ def _noop_rows(samples: dict[str, list[float]]) -> list[Row]:
     execd.target = Target(f"p50 <= {NOOP_TARGET}x floor", execd.p50 / floor.p50, NOOP_TARGET)
     aes.target = Target(f"p50 <= {NOOP_AES_TARGET}x floor", aes.p50 / floor.p50, NOOP_AES_TARGET)
     return [floor, http, grpc, execd, aes, noid]
+
+
+def _one_core_rows(samples: dict[str, list[float]], where: str) -> list[Row]:
+    """The floor and execd again with everything on one core: CPU per round trip, no wake-ups."""
+    labels = {
+        "floor": f"raw uvloop msgpack floor ({where})",
+        "execd": "execd server.noop, plaintext, on that core",
+        "execd_aes": "execd server.noop, aes-256-gcm, on that core",
+    }
+    rows: list[Row] = []
+    for key, label in labels.items():
+        summary = summarize(samples[key])
+        rows.append(
+            Row(
+                key=f"noop1.{key}",
+                section=NOOP,
+                label=label,
+                short="floor on one core" if key == "floor" else "",
+                unit="us",
+                **summary.figures(),
+                baselines=() if key == "floor" else ("noop1.floor",),
+                extra={"mean": summary.mean},
+            )
+        )
+    return rows
 
 
 async def _pipelined_rows(

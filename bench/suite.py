@@ -38,6 +38,7 @@ from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
 from bench.options import SECTION_NAMES, add_arguments
+from bench.placement import pinned
 from bench.report import Report, Row, link_ratios, machine_facts
 from bench.servers import start_server
 from bench.settings import Settings, full, quick
@@ -53,6 +54,9 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "noop.execd",
     "noop.execd_aes",
     "noop.execd_noid",
+    "noop1.floor",
+    "noop1.execd",
+    "noop1.execd_aes",
     "pipe.floor",
     "pipe.execd",
     "pipe.execd_aes",
@@ -125,10 +129,20 @@ async def _turns(env: Env) -> list[Row]:
     return [*await turn.run(env), *await agent_loop.run(env)]
 
 
+def _cross_core(section: Section) -> Section:
+    """Run ``section`` with the client on one core, execd and the raw server on another."""
+
+    async def run(env: Env) -> list[Row]:
+        with pinned((env.raw.pid, env.execd.pid), "cross"):
+            return await section(env)
+
+    return run
+
+
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("roundtrip", roundtrip.run),
-    ("shell", workspace.spawn_rows),
-    ("files", transfer.run),
+    ("shell", _cross_core(workspace.spawn_rows)),
+    ("files", _cross_core(transfer.run)),
     ("watch", workspace.watch_rows),
     ("start", workspace.cold_start_rows),
     ("ledger", resources.ledger_rows),
@@ -177,6 +191,9 @@ async def run_suite(
         "baseline's rate.",
         "execd, the floor, HTTP and gRPC servers each run in their own process; clients run "
         "in the bench process on uvloop.",
+        "Sections 1-4 pin the bench process (the clients, and the local floors of sections 3 "
+        "and 4) to one core and the servers to another (bench/placement.py); section 1 then "
+        "runs the floor and execd once more with everything on one core.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]
