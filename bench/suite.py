@@ -141,7 +141,9 @@ def _cross_core(section: Section) -> Section:
 
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("roundtrip", roundtrip.run),
-    ("shell", _cross_core(workspace.spawn_rows)),
+    # Not pinned: execd's children inherit its affinity, and the commands it runs are the
+    # workload here, not the server.
+    ("shell", workspace.spawn_rows),
     ("files", _cross_core(transfer.run)),
     ("watch", workspace.watch_rows),
     ("start", workspace.cold_start_rows),
@@ -191,9 +193,10 @@ async def run_suite(
         "baseline's rate.",
         "execd, the floor, HTTP and gRPC servers each run in their own process; clients run "
         "in the bench process on uvloop.",
-        "Sections 1-4 pin the bench process (the clients, and the local floors of sections 3 "
-        "and 4) to one core and the servers to another (bench/placement.py); section 1 then "
-        "runs the floor and execd once more with everything on one core.",
+        "Sections 1, 2 and 4 pin the bench process (the clients, and section 4's local floor) "
+        "to one core and the servers to another (bench/placement.py); section 1 then runs the "
+        "floor and execd once more with everything on one core. Section 3 is not pinned: the "
+        "commands execd starts would inherit its core.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]
