@@ -38,7 +38,6 @@ from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
 from bench.options import SECTION_NAMES, add_arguments
-from bench.placement import pinned
 from bench.report import Report, Row, link_ratios, machine_facts
 from bench.servers import start_server
 from bench.settings import Settings, full, quick
@@ -129,22 +128,14 @@ async def _turns(env: Env) -> list[Row]:
     return [*await turn.run(env), *await agent_loop.run(env)]
 
 
-def _cross_core(section: Section) -> Section:
-    """Run ``section`` with the client on one core, execd and the raw server on another."""
-
-    async def run(env: Env) -> list[Row]:
-        with pinned((env.raw.pid, env.execd.pid), "cross"):
-            return await section(env)
-
-    return run
-
-
 SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("roundtrip", roundtrip.run),
     # Not pinned: execd's children inherit its affinity, and the commands it runs are the
     # workload here, not the server.
     ("shell", workspace.spawn_rows),
-    ("files", _cross_core(transfer.run)),
+    # Not pinned: the local floor of the atomic write (a fsync in this process) is itself
+    # slower on a pinned core (0.29-0.34 -> 0.43-0.48 ms), which would flatter execd.
+    ("files", transfer.run),
     ("watch", workspace.watch_rows),
     ("start", workspace.cold_start_rows),
     ("ledger", resources.ledger_rows),
@@ -193,10 +184,9 @@ async def run_suite(
         "baseline's rate.",
         "execd, the floor, HTTP and gRPC servers each run in their own process; clients run "
         "in the bench process on uvloop.",
-        "Sections 1, 2 and 4 pin the bench process (the clients, and section 4's local floor) "
-        "to one core and the servers to another (bench/placement.py); section 1 then runs the "
-        "floor and execd once more with everything on one core. Section 3 is not pinned: the "
-        "commands execd starts would inherit its core.",
+        "Sections 1 and 2 pin the bench process (the clients) to one core and the servers to "
+        "another (bench/placement.py); section 1 then runs the floor and execd once more with "
+        "everything on one core. The other sections are not pinned.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]
