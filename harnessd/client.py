@@ -342,11 +342,15 @@ class CallHandle(Generic[R]):
         The result is decoded as the RPC's declared result type (``type``
         only for a call started by method name).
         """
-        try:
-            answer = await asyncio.shield(self._future)
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
+        future = self._future
+        if future.done():
+            answer = future.result()  # answered already (a read's reply ends its stream)
+        else:
+            try:
+                answer = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
         return self._client._unpack(answer, self._result_type if type is None else type)
 
     def cancel(self) -> None:
