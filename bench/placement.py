@@ -6,8 +6,8 @@ other (the raw floor's no-op: some 25 us here); on two cores each message
 wakes the other core from idle (the same no-op: 57-92 us). Left to the
 scheduler, a light server such as the floor tends to be woken on the
 client's core and a busier one on the other, and the placement can change
-from one batch to the next: the same code measured 1.09x and 2.5x the floor
-in two runs. :func:`pinned` gives every approach of a section the same
+from one batch to the next: the same code measured 1.09x and 1.93x the floor
+in two full runs (2.5-3.4x in runs of that section alone). :func:`pinned` gives every approach of a section the same
 placement:
 
 * ``"cross"``: the client process on one core, every server on another, as
@@ -17,8 +17,9 @@ placement:
   trip, each end's code with no wake-up latency to hide it.
 
 Every thread of each process is pinned (``sched_setaffinity`` on a pid pins
-that thread only), and each process's previous affinity comes back on exit. With fewer
-than two usable cores, ``"cross"`` leaves everything where it is and says so.
+that thread only), and each process's previous affinity comes back on exit.
+With fewer than two usable cores, ``"cross"`` leaves everything where it is
+and says so.
 """
 
 from __future__ import annotations
