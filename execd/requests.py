@@ -415,7 +415,7 @@ class RequestTable:
         output = 0
         if req is not None:
             streams, output = self._ended(req, outcome)
-        kept, cost = (outcome, len(outcome)) if isinstance(outcome, bytes) else _compact(outcome)
+        kept, cost = _compact(outcome)
         size = output + ENTRY_OVERHEAD + cost
         finished = self._finished
         finished[rid] = (size, kept, streams)
