@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import pathlib
 import random
 from collections import Counter
 
@@ -119,3 +121,18 @@ def test_each_rate_is_compared_with_one_session_at_that_rate() -> None:
 def test_no_latency_target_at_a_rate_that_took_half_the_cores() -> None:
     rows = scale.rows_from(_figures(one=[800.0] * 3, many=[900.0] * 3, cores_used=1.0))
     assert all(row.target is None for row in rows if row.key.startswith("scale.open_"))
+
+
+def test_every_session_writes_over_a_file_that_is_there_before_the_open_loop(
+    tmp_path: pathlib.Path,
+) -> None:
+    # One session's phase overwrites one file; a thousand sessions must not
+    # create theirs instead (a filesystem cost, not the harness's).
+    paths = [str(tmp_path / f"s{i}.dat") for i in range(5)]
+    scale._write_inputs(paths)
+    for path in paths:
+        assert os.path.getsize(path) == scale.PAYLOAD
+        assert os.path.getsize(path + scale.OUTPUT_SUFFIX) == scale.PAYLOAD
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        name for path in paths for name in (os.path.basename(path), os.path.basename(path) + ".out")
+    )
