@@ -88,7 +88,7 @@ def _typed_errors(path: str | None = None) -> Iterator[None]:
 
 
 def _read_unit(
-    fd: int, want: int, position: int, hasher: hashlib._Hash | None
+    fd: int, want: int, position: int, hasher: hashlib._Hash | None, size: int = -1
 ) -> tuple[bytes, bool]:
     """Up to ``want`` bytes at ``position``, and whether the end of the file was seen.
 
@@ -96,6 +96,9 @@ def _read_unit(
     unit: for a regular file it comes back empty and proves the end (the
     common case costs no further trip to a thread); a pseudo-file that hands
     out its content piecemeal is read on until ``want`` bytes or its end.
+    ``size``: the ``st_size`` of a regular file on a local filesystem, whose
+    reads come up short only at its end: a short read that stops exactly
+    there is the end, without the read that would come back empty.
     """
     pieces: list[bytes] = []
     got = 0
@@ -105,7 +108,9 @@ def _read_unit(
             return b"".join(pieces), True
         pieces.append(data)
         got += len(data)
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces), False
+        if got < want and position + got == size:
+            break
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces), got < want
 
 
 def _write_whole(
@@ -172,7 +177,8 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         async with self._work(ctx) as work:
             try:
-                if self._local.trusted(path):
+                trusted = self._local.trusted(path)
+                if trusted:
                     fd, info = fsops.open_for_read(path)
                 else:
                     fd, info = await work.run(
@@ -180,7 +186,10 @@ class FilesCapability:
                     )
                 work.release(os.close, fd)
                 # A small file on a local filesystem is read on the event loop.
-                inline = self._local.note(path, info.st_dev) and info.st_size <= INLINE_READ_MAX
+                inline = (
+                    self._local.note(path, info.st_dev, trusted=trusted)
+                    and info.st_size <= INLINE_READ_MAX
+                )
                 return await self._read_range(work, inline, fd, info.st_size, params, ctx)
             except OSError as exc:
                 raise from_oserror(exc, path) from None
@@ -234,7 +243,7 @@ class FilesCapability:
                         break
                     here, want = unit
                     if here:
-                        block, at_end = _read_unit(fd, want, position, hasher)
+                        block, at_end = _read_unit(fd, want, position, hasher, size)
                     else:
                         block, at_end = await work.run(
                             functools.partial(_read_unit, fd, want, position, hasher)
@@ -353,7 +362,7 @@ class FilesCapability:
         if self._inline_write(params, len(data)) and self._local.trusted(path):
             started = time.monotonic()
             sink.open()
-            if self._local.note(path, sink.device):
+            if self._local.note(path, sink.device, trusted=True):
                 _write_whole(sink, data, params.expected_size, opened=True)
                 if params.atomic:
                     self._local.synced(time.monotonic() - started)

@@ -131,11 +131,15 @@ class LocalFiles:
             self._devices[device] = local
         return local
 
-    def note(self, path: str, device: int | None) -> bool:
+    def note(self, path: str, device: int | None, *, trusted: bool = False) -> bool:
         """Record where ``path``'s file turned out to be; whether that is a local filesystem.
 
         Its directory is trusted from now on if so, and no longer if not.
+        ``trusted``: :meth:`trusted` said yes for ``path`` a moment ago, so a
+        local device leaves nothing to record.
         """
+        if trusted and device is not None and self.is_local(device):
+            return True
         directory = os.path.dirname(path)
         if device is not None and self.is_local(device):
             if directory not in self._directories:

@@ -22,9 +22,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from execd import fsops
 from execd.config import Config
 from execd.errors import ExecdError
-from execd.files import FilesCapability
+from execd.files import FilesCapability, _read_unit
 from execd.local_fs import (
     INLINE_MAX,
     INLINE_READ_MAX,
@@ -88,6 +89,7 @@ def _write(**params: Any) -> Case:
 INLINE_CASES: dict[str, Case] = {
     "read whole": _read(path="small.txt"),
     "read range": _read(path="small.txt", offset=5, length=20),
+    "read a range ending past the end": _read(path="small.txt", offset=1000, length=500),
     "read past the end": _read(path="small.txt", offset=5000),
     "read empty": _read(path="empty"),
     "read at the inline bound": _read(path="edge.bin"),
@@ -202,6 +204,52 @@ def test_a_directory_is_trusted_only_once_seen_local(tmp_path: Path) -> None:
     proc = os.stat("/proc/self").st_dev
     assert not local.note(path, proc) and not local.trusted(path)
     assert not local.note(path, None)
+    # What was trusted a moment ago is still checked against the device found.
+    assert local.note(path, os.stat(tmp_path).st_dev) and local.trusted(path)
+    assert not local.note(path, proc, trusted=True) and not local.trusted(path)
+    assert not local.note(path, None, trusted=True)
+
+
+def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    read_block = fsops.read_block
+
+    def counting(fd: int, size: int, offset: int, hasher: Any) -> bytes:
+        sizes.append(size)
+        return read_block(fd, size, offset, hasher)
+
+    monkeypatch.setattr(fsops, "read_block", counting)
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("on_disk", "size", "expected", "reads"),
+    [
+        (4096, 4096, (4096, True), 1),  # ends where fstat said: no empty read after it
+        (4096, -1, (4096, True), 2),  # size unknown: the empty read proves the end
+        (8192, 4096, (4097, False), 1),  # grew since fstat: read on
+        (100, 4096, (100, True), 2),  # shrank since fstat: the empty read proves the end
+    ],
+)
+def test_a_read_unit_ends_at_the_size_fstat_gave_without_an_empty_read(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    on_disk: int,
+    size: int,
+    expected: tuple[int, bool],
+    reads: int,
+) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(os.urandom(on_disk))
+    sizes = _counted_reads(monkeypatch)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data, at_end = _read_unit(fd, 4097, 0, None, size)
+    finally:
+        os.close(fd)
+    assert (len(data), at_end) == expected
+    assert data == path.read_bytes()[: len(data)]
+    assert len(sizes) == reads
 
 
 def test_mount_types_parses_mountinfo() -> None:
