@@ -207,6 +207,8 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
             first = await read.next()
             if first is None:
                 return b""
+            if read.finished:
+                return first  # inline in the reply: nothing can follow it
             data = await read.next()
             if data is None:
                 return first  # one block (the common case) is returned as it is
@@ -486,6 +488,11 @@ class _FileRead:
         self._cursor: StreamCursor | None = self._handle.cursor(files.DATA_STREAM)
         self._digest = hashlib.sha256() if params.checksum else None
         self._received = 0
+
+    @property
+    def finished(self) -> bool:
+        """Whether the call has ended and its result was checked: :meth:`next` has no more."""
+        return self._cursor is None
 
     async def next(self) -> bytes | None:
         """The next non-empty block of the file; None after the last."""
