@@ -70,6 +70,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "files.small.local_atomic_dir",
     "files.small.execd_write_atomic",
     "files.small.execd_write_durable",
+    *(f"files1.small.{kind}" for kind in ("noop", "execd_read", "execd_write")),
     *(f"files.medium.{kind}" for kind in ("raw_read", "execd_read", "raw_write", "execd_write")),
     "files.large.raw_read",
     "files.large.execd_read",
@@ -186,7 +187,10 @@ async def run_suite(
         "in the bench process on uvloop.",
         "Sections 1 and 2 pin the bench process (the clients) to one core and the servers to "
         "another (bench/placement.py); section 1 then runs the floor and execd once more with "
-        "everything on one core. The other sections are not pinned.",
+        "everything on one core. Section 4 pins its small and medium rows between processes "
+        "the same way and times its smallest read, write and no-op once more on one core; its "
+        "atomic writes, their local floors and its largest size run unpinned, as do the other "
+        "sections.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]

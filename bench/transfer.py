@@ -19,6 +19,17 @@ atomic ``files.write`` and its local floor, a write + fsync + rename of the
 same bytes in the bench process, and the atomic write with ``durable=True``
 beside the same floor plus a fsync of the directory.
 
+Placement (see :mod:`bench.placement`): the small and medium rows that
+compare processes over loopback -- execd's reads, writes and no-op, the raw
+socket -- run with the bench process on one core and execd and the raw
+server on another, as sections 1 and 2 do; left to the scheduler their
+ratios changed with where each process happened to be woken. The atomic
+writes and their local floors run unpinned (the floor is the bench process's
+own write + fsync + rename, which a pinned process did more slowly), and so
+does the largest size. The smallest read, write and no-op are then timed
+once more with everything on one core (``files1`` rows, no target): CPU per
+call with no wake-up latency to hide it.
+
 Every measurement of the largest size starts from the same memory state in
 the bench process: its heap trimmed (``malloc_trim(0)``, through
 :func:`execd.memory.trim`) right before the timer starts. Both sides fill a
@@ -46,6 +57,7 @@ from collections.abc import Awaitable, Callable
 
 from bench.env import Env
 from bench.floor import connect_bulk
+from bench.placement import pinned
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
 from bench.stats import interleaved, rate_summary, summarize
@@ -62,6 +74,15 @@ ATOMIC_TARGET_MS = 0.15
 MEDIUM_READ_TARGET = 1.5
 
 Timed = Callable[[], Awaitable[object]]
+
+#: Rows that compare processes over loopback: timed with the bench process (the
+#: clients) on one core and the servers on another, as sections 1 and 2 are.
+#: The rest (the atomic writes and their floors in the bench process) run
+#: unpinned: pinned to one core, the bench process's own write + fsync +
+#: rename took 0.43-0.48 ms instead of 0.29-0.34 ms, which flattered execd.
+_BETWEEN_PROCESSES = frozenset({"raw_read", "execd_read", "raw_write", "execd_write", "noop"})
+#: Rows of the smallest size timed once more with everything on one core (no target).
+_ONE_CORE = ("noop", "execd_read", "execd_write")
 
 
 def _write_local(path: str, data: bytes) -> None:
@@ -109,6 +130,7 @@ async def run(env: Env) -> list[Row]:
     client = await env.execd.connect()
     bulk = await connect_bulk(HOST, env.raw.ports["bulk"])
     rows: list[Row] = []
+    servers = (env.execd.pid, env.raw.pid)
     try:
         rng = random.Random(1234)
         for index, (size, count) in enumerate(
@@ -177,16 +199,33 @@ async def run(env: Env) -> list[Row]:
             if name != "large":
                 # Batches that take turns (as in section 1): one call of each in turn
                 # would time every call after a fsync's sleep on cold, idle cores.
-                batches = await interleaved(
-                    actions, dict.fromkeys(actions, count), rounds=max(2, count // 30), warmup=3
-                )
+                rounds = max(2, count // 30)
+                between = {k: a for k, a in actions.items() if k in _BETWEEN_PROCESSES}
+                with pinned(servers, "cross") as where:
+                    batches = await interleaved(
+                        between, dict.fromkeys(between, count), rounds=rounds, warmup=3
+                    )
+                floors = {k: a for k, a in actions.items() if k not in between}
+                if floors:
+                    # Unpinned: a pinned bench process makes the local floor slower.
+                    batches |= await interleaved(
+                        floors, dict.fromkeys(floors, count), rounds=rounds, warmup=3
+                    )
                 times = {key: [us / 1e6 for us in batch] for key, batch in batches.items()}
+                if name == "small":
+                    one = {k: between[k] for k in _ONE_CORE}
+                    with pinned(servers, "same") as where_one:
+                        on_one = await interleaved(
+                            one, dict.fromkeys(one, count), rounds=rounds, warmup=3
+                        )
+                    rows += _one_core_rows(on_one, size, where_one)
             else:
+                where = "unpinned"
                 for _ in range(count):
                     for key, action in actions.items():
                         trim()  # the same memory state for every row (module docstring)
                         times[key].append(await _time(action))
-            rows += _rows(name, size, times)
+            rows += _rows(name, size, times, where)
             del data
             os.unlink(path)
             with contextlib.suppress(FileNotFoundError):
@@ -197,12 +236,38 @@ async def run(env: Env) -> list[Row]:
     return rows
 
 
-def _rows(name: str, size: int, times: dict[str, list[float]]) -> list[Row]:
+def _one_core_rows(samples: dict[str, list[float]], size: int, where: str) -> list[Row]:
+    """The smallest read and write and the no-op again on one core: CPU per call, no wake-ups."""
+    label = size_label(size)
+    labels = {
+        "noop": f"execd server.noop ({where})",
+        "execd_read": f"execd files.read, {label}, on that core",
+        "execd_write": f"execd files.write, {label}, atomic=false, on that core",
+    }
+    rows: list[Row] = []
+    for key, label in labels.items():
+        summary = summarize([us / 1000 for us in samples[key]])
+        rows.append(
+            Row(
+                key=f"files1.small.{key}",
+                section=SECTION,
+                label=label,
+                short="no-op on one core" if key == "noop" else "",
+                unit="ms",
+                **summary.figures(),
+                baselines=() if key == "noop" else ("files1.small.noop",),
+                extra={"mean": summary.mean},
+            )
+        )
+    return rows
+
+
+def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> list[Row]:
     label = size_label(size)
     large = name == "large"
     rows: list[Row] = []
     titles = {
-        "raw_read": f"raw socket, {label} to the client",
+        "raw_read": f"raw socket, {label} to the client ({where})",
         "execd_read": f"execd files.read, {label}",
         "raw_write": f"raw socket, {label} from the client",
         "raw_write_file": f"raw socket, {label} from the client into a file (no fsync)",
