@@ -19,10 +19,15 @@ loop each wake from an idle core), so a small atomic write (at most
 :data:`SYNC_INLINE_MAX`) commits on the loop too, but only when nothing else
 could be held up by it and while fsyncs are quick: the worker pool is idle
 (no other file work is in flight: a concurrent large write is what makes a
-journal commit slow), and no commit on the loop took more than
-:data:`SLOW_SYNC` in the last :data:`SLOW_SYNC_BACKOFF` seconds
-(:meth:`LocalFiles.syncs_inline`). A slow disk therefore stalls the loop
-once, for that one commit, and then its commits go back to the thread.
+journal commit slow), and the recent commits on the loop took
+:data:`SLOW_SYNC` or less on average (a moving average, each commit weighing
+:data:`SYNC_WEIGHT`) with none of them over :data:`STALL_SYNC`
+(:meth:`LocalFiles.syncs_inline`). When either is no longer so, commits go
+to the thread for :data:`SLOW_SYNC_BACKOFF` seconds and then try the loop
+again. A disk that is slow for a while therefore stalls the loop for a few
+commits, a very slow commit stalls it once, and an occasional slow fsync
+among quick ones (1-1.5% of them take over 2 ms on this machine's disk)
+does not send every commit of the next second to the thread.
 
 Anything else keeps the worker thread. A directory is learnt from a call
 that ran in a thread and found its file on a local filesystem; the table of
@@ -47,7 +52,13 @@ SYNC_INLINE_MAX: Final = 64 * 1024
 """Most bytes an atomic write commits (fsync and rename) on the event loop."""
 
 SLOW_SYNC: Final = 0.002
-"""Seconds an atomic write on the loop may take before commits go to the thread for a while."""
+"""Seconds the recent commits on the loop may take on average before commits go to the thread."""
+
+STALL_SYNC: Final = 0.02
+"""Seconds one commit on the loop may take before commits go to the thread at once."""
+
+SYNC_WEIGHT: Final = 0.125
+"""Weight of the latest commit in the moving average of commit times."""
 
 SLOW_SYNC_BACKOFF: Final = 1.0
 """Seconds commits stay in the thread after one on the loop was slow."""
@@ -102,11 +113,15 @@ class LocalFiles:
         mountinfo: str = MOUNTINFO,
         *,
         slow_sync: float = SLOW_SYNC,
+        stall_sync: float = STALL_SYNC,
         sync_backoff: float = SLOW_SYNC_BACKOFF,
     ) -> None:
         self._mountinfo = mountinfo
         self._slow_sync = slow_sync
+        self._stall_sync = stall_sync
         self._sync_backoff = sync_backoff
+        #: Moving average of the seconds a commit on the loop took.
+        self._typical_sync = 0.0
         self._directories: set[str] = set()
         self._devices: dict[int, bool] = {}
         #: ``time.monotonic()`` before which commits stay off the loop.
@@ -155,6 +170,16 @@ class LocalFiles:
         return time.monotonic() >= self._sync_in_thread_until
 
     def synced(self, seconds: float) -> None:
-        """Record how long a commit on the loop took; a slow one sends the next ones to the thread."""
-        if seconds > self._slow_sync:
+        """Record how long a commit on the loop took (see the module docstring).
+
+        Commits go to the thread for a while once the average of the recent
+        ones is over the slow mark, or this one alone was over the stall
+        mark; the average then restarts from the slow mark, so after the
+        backoff one quick commit keeps them on the loop and one slow one
+        sends them back.
+        """
+        typical = self._typical_sync + (seconds - self._typical_sync) * SYNC_WEIGHT
+        if typical > self._slow_sync or seconds > self._stall_sync:
             self._sync_in_thread_until = time.monotonic() + self._sync_backoff
+            typical = self._slow_sync
+        self._typical_sync = typical

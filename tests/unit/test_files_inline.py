@@ -159,15 +159,34 @@ def _threads_for_atomic_write(fast: FilesCapability, pool: WorkerPool, root: Pat
     return pool.threads
 
 
-def test_a_slow_commit_sends_commits_to_the_thread_for_a_while(tmp_path: Path) -> None:
-    local = LocalFiles(slow_sync=0.002, sync_backoff=0.2)
+def test_slow_commits_send_commits_to_the_thread_for_a_while(tmp_path: Path) -> None:
+    local = LocalFiles(slow_sync=0.002, stall_sync=0.02, sync_backoff=0.2)
     assert local.syncs_inline()
-    local.synced(0.001)
-    assert local.syncs_inline(), "a quick commit changes nothing"
-    local.synced(0.003)
-    assert not local.syncs_inline()
+    for _ in range(50):
+        local.synced(0.0004)
+    assert local.syncs_inline(), "quick commits change nothing"
+    local.synced(0.008)
+    assert local.syncs_inline(), "one slow commit among quick ones keeps the loop"
+    slow = 1
+    while local.syncs_inline():
+        local.synced(0.008)
+        slow += 1
+        assert slow < 10, "slow commits never sent the commits to the thread"
+    # The average of commit times: 0.4 ms -> 1.35 ms -> 2.2 ms, over the 2 ms mark.
+    assert slow == 2
     time.sleep(0.25)
     assert local.syncs_inline(), "commits come back to the loop after the backoff"
+    local.synced(0.003)
+    assert not local.syncs_inline(), "one slow commit right after the backoff sends them back"
+    time.sleep(0.25)
+    local.synced(0.0004)
+    assert local.syncs_inline(), "one quick commit after the backoff keeps them on the loop"
+
+    stalled = LocalFiles(slow_sync=0.002, stall_sync=0.02, sync_backoff=0.2)
+    for _ in range(50):
+        stalled.synced(0.0004)
+    stalled.synced(0.021)
+    assert not stalled.syncs_inline(), "a stalling commit sends commits to the thread at once"
 
     fast, pool, _, fast_root, _ = _pair(tmp_path)
     fast._local.synced(60.0)
