@@ -134,8 +134,9 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     # Not pinned: execd's children inherit its affinity, and the commands it runs are the
     # workload here, not the server.
     ("shell", workspace.spawn_rows),
-    # Not pinned: the local floor of the atomic write (a fsync in this process) is itself
-    # slower on a pinned core (0.29-0.34 -> 0.43-0.48 ms), which would flatter execd.
+    # Pins its rows between processes as section 1 does, but not the atomic writes: their
+    # local floor (a fsync in this process) is itself slower on a pinned core
+    # (0.29-0.34 -> 0.43-0.48 ms), which would flatter execd (bench/transfer.py).
     ("files", transfer.run),
     ("watch", workspace.watch_rows),
     ("start", workspace.cold_start_rows),
