@@ -61,7 +61,7 @@ SYNC_WEIGHT: Final = 0.125
 """Weight of the latest commit in the moving average of commit times."""
 
 SLOW_SYNC_BACKOFF: Final = 1.0
-"""Seconds commits stay in the thread after one on the loop was slow."""
+"""Seconds commits stay in the thread once those on the loop turned slow."""
 
 DIRECTORIES_MAX: Final = 4096
 """Most directories remembered as local (the table is emptied when full)."""
