@@ -246,14 +246,14 @@ def _one_core_rows(samples: dict[str, list[float]], size: int, where: str) -> li
     }
     rows: list[Row] = []
     for key, label in labels.items():
-        summary = summarize([us / 1000 for us in samples[key]])
+        summary = summarize(samples[key])
         rows.append(
             Row(
                 key=f"files1.small.{key}",
                 section=SECTION,
                 label=label,
                 short="no-op on one core" if key == "noop" else "",
-                unit="ms",
+                unit="us",
                 **summary.figures(),
                 baselines=() if key == "noop" else ("files1.small.noop",),
                 extra={"mean": summary.mean},
