@@ -14,7 +14,7 @@ import pytest
 from execd.config import Limits
 from execd.context import Method
 from execd.errors import ExecdError, InvalidParams, RequestNotKnown
-from execd.requests import ENTRY_OVERHEAD, EVICTED_MEMORY, RequestTable
+from execd.requests import ENTRY_OVERHEAD, EVICTED_MEMORY, MAPPED_MIN, RequestTable
 from protocol.rpc import core
 from protocol.rpc import request as api
 from tests.support.local_ctx import LocalContext
@@ -113,7 +113,10 @@ async def _answer(table: RequestTable, n: int) -> bytes | tuple[int, str]:
     return bytes(answer)
 
 
-@pytest.mark.parametrize("outcome", [b"\x92\x01\x02", InvalidParams("no such thing")])
+LARGE_RESULT = msgspec.msgpack.encode(bytes(range(256)) * (MAPPED_MIN // 256))
+
+
+@pytest.mark.parametrize("outcome", [b"\x92\x01\x02", LARGE_RESULT, InvalidParams("no such thing")])
 async def test_a_call_finished_with_its_record_opened_is_kept_as_one_finished_without(
     outcome: bytes | ExecdError,
 ) -> None:
@@ -130,3 +133,24 @@ async def test_a_call_finished_with_its_record_opened_is_kept_as_one_finished_wi
     assert bare.kept == opened.kept == 1
     assert bare.kept_bytes == opened.kept_bytes
     assert await _answer(bare, 1) == await _answer(opened, 1)
+
+
+async def test_large_results_are_kept_byte_for_byte_and_counted_and_evicted_as_small_ones() -> None:
+    # From MAPPED_MIN on a kept result lives in a mapping of its own, not on the heap.
+    assert len(LARGE_RESULT) >= MAPPED_MIN
+    per_call = ENTRY_OVERHEAD + len(LARGE_RESULT)
+    table = RequestTable(
+        msgspec.structs.replace(
+            Limits(), request_retention=100, request_retention_bytes=2 * per_call
+        )
+    )
+    for n in range(4):
+        _run(table, n, LARGE_RESULT)
+    assert table.kept == 2 and table.kept_bytes == 2 * per_call
+    assert [await _reason(table, n) for n in range(4)] == ["evicted", "evicted", "kept", "kept"]
+    for n in (2, 3):
+        assert await _answer(table, n) == LARGE_RESULT
+    method, tracked = table.track(_rid(3), NOOP)
+    assert not tracked
+    answer = await method.handler(None, LocalContext(call_id=9))
+    assert bytes(answer) == LARGE_RESULT
