@@ -197,6 +197,27 @@ async def test_the_oldest_outcomes_are_evicted_and_a_late_attach_is_told(
     assert caught.value.data["reason"] == "unknown"
 
 
+async def test_large_kept_results_come_back_whole_from_an_attach_and_a_resent_call(
+    execd: RunningExecd, client: ExecdClient, tmp_path: Path
+) -> None:
+    # Results from 64 KiB on are kept in a mapping of their own (execd.requests._mapped).
+    payload = os.urandom(300 * 1024)
+    handle = client.start("server.echo", {"data": payload})
+    echo_rid = handle.request_id
+    assert echo_rid is not None
+    assert await handle.result(bytes) == payload
+    assert await client.reattach(echo_rid).result(bytes) == payload
+    params = {"command": "head -c 200000 /dev/urandom | od -An -tx1 | head -c 150000"}
+    rid = os.urandom(16)
+    first, again = (
+        await _shell_run_as(client, rid, params),
+        await _shell_run_as(client, rid, params),
+    )
+    assert isinstance(first, Reply) and isinstance(again, Reply)
+    assert len(bytes(first.result)) > 150_000
+    assert bytes(again.result) == bytes(first.result)  # the kept result, not a second run
+
+
 def _shell_run_as(
     client: ExecdClient, rid: bytes, params: dict[str, str]
 ) -> asyncio.Future[Reply | Error]:
