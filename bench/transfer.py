@@ -245,13 +245,13 @@ def _one_core_rows(samples: dict[str, list[float]], size: int, where: str) -> li
         "execd_write": f"execd files.write, {label}, atomic=false, on that core",
     }
     rows: list[Row] = []
-    for key, label in labels.items():
+    for key, title in labels.items():
         summary = summarize(samples[key])
         rows.append(
             Row(
                 key=f"files1.small.{key}",
                 section=SECTION,
-                label=label,
+                label=title,
                 short="no-op on one core" if key == "noop" else "",
                 unit="us",
                 **summary.figures(),
