@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Literal
+
+from bench.report import Row
+from bench.stats import summarize
 
 Placement = Literal["cross", "same"]
 
@@ -81,3 +84,36 @@ def pinned(servers: Iterable[int], placement: Placement) -> Iterator[str]:
     finally:
         for pid, affinity in saved.items():
             _set_all(pid, affinity)
+
+
+def one_core_rows(
+    samples: Mapping[str, Sequence[float]],
+    labels: Mapping[str, str],
+    *,
+    prefix: str,
+    section: str,
+    short: str,
+) -> list[Row]:
+    """Rows of latencies (us) measured with everything on one core (``"same"``), no target.
+
+    ``labels`` gives each sample's key its label, the first key being the
+    baseline the others are compared with (``short`` is its short name); the
+    rows' keys are ``prefix`` + the sample's key.
+    """
+    base = next(iter(labels))
+    rows: list[Row] = []
+    for key, label in labels.items():
+        summary = summarize(list(samples[key]))
+        rows.append(
+            Row(
+                key=f"{prefix}{key}",
+                section=section,
+                label=label,
+                short=short if key == base else "",
+                unit="us",
+                **summary.figures(),
+                baselines=() if key == base else (f"{prefix}{base}",),
+                extra={"mean": summary.mean},
+            )
+        )
+    return rows

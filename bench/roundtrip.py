@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from bench.baselines import GrpcClient, HttpClient, http_parser_name
 from bench.env import Env, cpu_seconds
 from bench.floor import connect_floor
-from bench.placement import pinned
+from bench.placement import one_core_rows, pinned
 from bench.report import Row, Target
 from bench.servers import start_server
 from bench.settings import HOST, IN_FLIGHT, Settings
@@ -149,22 +149,7 @@ def _one_core_rows(samples: dict[str, list[float]], where: str) -> list[Row]:
         "execd": "execd server.noop, plaintext, on that core",
         "execd_aes": "execd server.noop, aes-256-gcm, on that core",
     }
-    rows: list[Row] = []
-    for key, label in labels.items():
-        summary = summarize(samples[key])
-        rows.append(
-            Row(
-                key=f"noop1.{key}",
-                section=NOOP,
-                label=label,
-                short="floor on one core" if key == "floor" else "",
-                unit="us",
-                **summary.figures(),
-                baselines=() if key == "floor" else ("noop1.floor",),
-                extra={"mean": summary.mean},
-            )
-        )
-    return rows
+    return one_core_rows(samples, labels, prefix="noop1.", section=NOOP, short="floor on one core")
 
 
 async def _pipelined_rows(

@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable
 
 from bench.env import Env
 from bench.floor import connect_bulk
-from bench.placement import pinned
+from bench.placement import one_core_rows, pinned
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
 from bench.stats import interleaved, rate_summary, summarize
@@ -244,22 +244,9 @@ def _one_core_rows(samples: dict[str, list[float]], size: int, where: str) -> li
         "execd_read": f"execd files.read, {label}, on that core",
         "execd_write": f"execd files.write, {label}, atomic=false, on that core",
     }
-    rows: list[Row] = []
-    for key, title in labels.items():
-        summary = summarize(samples[key])
-        rows.append(
-            Row(
-                key=f"files1.small.{key}",
-                section=SECTION,
-                label=title,
-                short="no-op on one core" if key == "noop" else "",
-                unit="us",
-                **summary.figures(),
-                baselines=() if key == "noop" else ("files1.small.noop",),
-                extra={"mean": summary.mean},
-            )
-        )
-    return rows
+    return one_core_rows(
+        samples, labels, prefix="files1.small.", section=SECTION, short="no-op on one core"
+    )
 
 
 def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> list[Row]:
