@@ -40,6 +40,13 @@ def _run(table: RequestTable, n: int, result: bytes = b"\xc0") -> None:
     table.finish(_rid(n), result)
 
 
+def _table_of_bytes(bound: int) -> RequestTable:
+    """A table bounded by ``bound`` bytes (and by a count it will not reach)."""
+    return RequestTable(
+        msgspec.structs.replace(Limits(), request_retention=100, request_retention_bytes=bound)
+    )
+
+
 async def _reason(table: RequestTable, n: int) -> str:
     """What an attach to call ``n`` hears: "kept", or why it is not known."""
     try:
@@ -75,11 +82,7 @@ async def test_the_window_keeps_the_newest_calls_and_remembers_a_bounded_number_
 async def test_the_byte_bound_evicts_the_oldest_outcomes_first() -> None:
     result = bytes(1000)
     per_call = ENTRY_OVERHEAD + len(result)
-    table = RequestTable(
-        msgspec.structs.replace(
-            Limits(), request_retention=100, request_retention_bytes=3 * per_call
-        )
-    )
+    table = _table_of_bytes(3 * per_call)
     for n in range(10):
         _run(table, n, result)
         assert table.kept_bytes <= 3 * per_call
@@ -139,11 +142,7 @@ async def test_large_results_are_kept_byte_for_byte_and_counted_and_evicted_as_s
     # From MAPPED_MIN on a kept result lives in a mapping of its own, not on the heap.
     assert len(LARGE_RESULT) >= MAPPED_MIN
     per_call = ENTRY_OVERHEAD + len(LARGE_RESULT)
-    table = RequestTable(
-        msgspec.structs.replace(
-            Limits(), request_retention=100, request_retention_bytes=2 * per_call
-        )
-    )
+    table = _table_of_bytes(2 * per_call)
     for n in range(4):
         _run(table, n, LARGE_RESULT)
     assert table.kept == 2 and table.kept_bytes == 2 * per_call
