@@ -364,8 +364,9 @@ class ExecdRuntime(Runtime):  # type: ignore[misc]
 
         verifiers runs this at interpreter exit for every runtime still live.
         It runs ``execd cleanup --marker`` (and ``rm -rf`` of the workdir and of
-        the launch directory made at start) through the harnessd runtime with blocking subprocesses; execd
-        itself exits when its lease runs out without a connection. Idempotent.
+        the launch directory made at start) through the harnessd runtime with
+        blocking subprocesses; execd itself exits when its lease runs out
+        without a connection. Idempotent.
         """
         box = self._box
         if not box.running:
