@@ -595,8 +595,10 @@ class RequestTable:
         finally:
             if req.sink is ctx:
                 self._unbind(req)
-        assert req.outcome is not None
-        return _expand(_compact(req.outcome)[0])
+        outcome = req.outcome
+        assert outcome is not None
+        # An encoded result is answered as it is: no mapping made for one answer.
+        return _expand(outcome if isinstance(outcome, bytes) else _compact(outcome)[0])
 
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
         """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
