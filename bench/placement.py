@@ -7,8 +7,8 @@ wakes the other core from idle (the same no-op: 57-92 us). Left to the
 scheduler, a light server such as the floor tends to be woken on the
 client's core and a busier one on the other, and the placement can change
 from one batch to the next: the same code measured 1.09x and 1.93x the floor
-in two full runs (2.5-3.4x in runs of that section alone). :func:`pinned` gives every approach of a section the same
-placement:
+in two full runs (2.5-3.4x in runs of that section alone). :func:`pinned`
+gives every approach of a section the same placement:
 
 * ``"cross"``: the client process on one core, every server on another, as
   a split deployment runs them (the harness and the workspace never share a
@@ -19,7 +19,8 @@ placement:
 Every thread of each process is pinned (``sched_setaffinity`` on a pid pins
 that thread only), and each process's previous affinity comes back on exit.
 With fewer than two usable cores, ``"cross"`` leaves everything where it is
-and says so.
+and says so. :func:`one_core_rows` turns what was timed on one core into
+rows compared with the first of them.
 """
 
 from __future__ import annotations
