@@ -44,6 +44,12 @@ _TEMP_PREFIX_CHARS = 32
 #: there), fresh random names are tried.
 _TEMP_TAG = secrets.token_hex(8)
 
+#: Largest replaced file an atomic write may keep open past its rename (see
+#: :meth:`FileSink.take_replaced`). The last close of a removed file frees it; on ext4 that
+#: takes ~0.1 ms up to here, more above (0.3 ms for 1 MiB, 2 ms for 8 MiB): beyond this
+#: size the rename frees it, wherever the commit runs.
+KEEP_REPLACED_MAX = 128 * 1024
+
 _T = TypeVar("_T")
 
 
@@ -229,6 +235,12 @@ class FileSink:
       asked for, not the default.
       ``abort`` closes and unlinks the temporary: the target is never touched
       before the rename, so a failure at any point leaves it as it was.
+      A sink made with ``keep_replaced`` holds the file it replaces (an
+      ``O_PATH`` descriptor, when that file is regular and at most
+      :data:`KEEP_REPLACED_MAX` bytes) past the rename, so the rename only
+      unlinks a name and the file is freed when the caller closes what
+      :meth:`take_replaced` hands over (execd: once the call is answered);
+      ``abort`` closes it otherwise.
     * Plain mode: ``open`` opens the target itself, for writing from its
       start or for appending. Writing from the start overwrites the old
       content and ``commit`` (or ``abort``) then truncates the file to the
@@ -253,8 +265,12 @@ class FileSink:
         create_parents: bool,
         checksum: bool = True,
         durable: bool = False,
+        keep_replaced: bool = False,
     ) -> None:
         self._path = path
+        self._keep_replaced = keep_replaced
+        #: O_PATH descriptor of the file the rename replaces (see the class description).
+        self._replaced: int | None = None
         self._atomic = atomic
         self._durable = durable
         self._append = append
@@ -299,10 +315,7 @@ class FileSink:
             return
         # One lstat answers both "is it a symlink?" and, for the common plain
         # file, "what is there now?"; only a symlink costs a second stat.
-        try:
-            old: os.stat_result | None = os.lstat(self._path)
-        except FileNotFoundError:
-            old = None
+        old = self._look_at_target()
         if old is not None and stat.S_ISLNK(old.st_mode):
             self._target = os.path.realpath(self._path)
             try:
@@ -329,6 +342,39 @@ class FileSink:
         created = os.fstat(fd)
         self._device = created.st_dev
         self._created_owner = (created.st_uid, created.st_gid)
+
+    def _look_at_target(self) -> os.stat_result | None:
+        """The lstat of the target (None when there is none); held open if it may be kept."""
+        if not self._keep_replaced:
+            try:
+                return os.lstat(self._path)
+            except FileNotFoundError:
+                return None
+        try:
+            fd = os.open(self._path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            info = os.fstat(fd)  # of the symlink itself, if it is one (O_NOFOLLOW)
+        except BaseException:
+            os.close(fd)
+            raise
+        if stat.S_ISREG(info.st_mode) and info.st_size <= KEEP_REPLACED_MAX:
+            self._replaced = fd
+        else:
+            os.close(fd)
+        return info
+
+    def take_replaced(self) -> int | None:
+        """Hand over the descriptor holding the replaced file, once committed (else None).
+
+        The caller closes it; its last close frees the file the rename
+        replaced.
+        """
+        if self._fd is not None or self._temp is not None:
+            return None  # not committed: abort closes it
+        fd, self._replaced = self._replaced, None
+        return fd
 
     def preallocate(self, size: int) -> None:
         """Reserve ``size`` bytes up front so a full disk fails before any data moves."""
@@ -397,6 +443,10 @@ class FileSink:
         if temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
+        replaced, self._replaced = self._replaced, None
+        if replaced is not None:
+            with contextlib.suppress(OSError):
+                os.close(replaced)
 
 
 # -- metadata ------------------------------------------------------------------------

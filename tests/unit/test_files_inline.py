@@ -11,6 +11,7 @@ quick: the last tests hold each condition false in turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import threading
@@ -213,6 +214,108 @@ def test_a_busy_pool_keeps_commits_in_the_thread(tmp_path: Path) -> None:
     assert busy and threads == 2, "the commit did not go to a thread of its own"
     assert pool.idle
     assert (fast_root / "small.txt").read_bytes() == b"atomic"
+
+
+def _deleted_files_held() -> list[str]:
+    """What this process holds open that no name points at any more."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.endswith(" (deleted)"):
+                held.append(target)
+    return held
+
+
+@pytest.mark.parametrize("how", ["inline", "thread", "stream"])
+def test_a_replaced_file_is_freed_right_after_the_answer(tmp_path: Path, how: str) -> None:
+    fast, pool, _, root, _ = _pair(tmp_path)
+    target = root / "small.txt"
+    if how == "thread":
+        fast._local.synced(60.0)  # commits off the loop for a while
+    ctx = LocalContext()
+    if how == "stream":
+        ctx.feed("data", b"streamed")
+        ctx.feed("data", b"", end=True)
+        params = WriteParams(path=str(target), stream=True)
+    else:
+        params = WriteParams(path=str(target), data=b"streamed")
+
+    async def main() -> tuple[list[str], list[str]]:
+        before = _deleted_files_held()
+        await fast.files_write(params, ctx)
+        answered = [name for name in _deleted_files_held() if name not in before]
+        await asyncio.sleep(0)  # the event loop's next round
+        return answered, [name for name in _deleted_files_held() if name not in before]
+
+    answered, after = asyncio.run(main())
+    assert answered == [f"{target} (deleted)"], "the rename freed the old file before the answer"
+    assert after == [], "the replaced file was not freed after the answer"
+    assert target.read_bytes() == b"streamed"
+    assert pool.threads == (0 if how == "inline" else 1)
+
+
+@pytest.mark.parametrize(
+    ("case", "kept"),
+    [
+        ("small", True),
+        ("at the bound", True),
+        ("over the bound", False),
+        ("through a symlink", False),
+        ("new", False),
+        ("not asked", False),
+    ],
+)
+def test_a_sink_keeps_only_a_small_regular_file_it_replaces(
+    tmp_path: Path, case: str, kept: bool
+) -> None:
+    target = tmp_path / "target"
+    size = {"at the bound": fsops.KEEP_REPLACED_MAX, "over the bound": fsops.KEEP_REPLACED_MAX + 1}
+    if case != "new":
+        target.write_bytes(b"o" * size.get(case, 10))
+    path = target
+    if case == "through a symlink":
+        path = tmp_path / "link"
+        path.symlink_to(target)
+    old = target.stat().st_ino if case != "new" else None
+    sink = fsops.FileSink(
+        str(path),
+        atomic=True,
+        append=False,
+        mode=None,
+        create_parents=False,
+        keep_replaced=case != "not asked",
+    )
+    fds = len(os.listdir("/proc/self/fd"))
+    sink.open()
+    sink.write(b"new")
+    assert sink.take_replaced() is None, "handed over before the commit"
+    sink.commit()
+    replaced = sink.take_replaced()
+    assert (replaced is not None) == kept
+    if replaced is not None:
+        info = os.fstat(replaced)
+        assert (info.st_ino, info.st_nlink) == (old, 0)
+        os.close(replaced)
+    sink.abort()  # after a commit: nothing left to release
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert target.read_bytes() == b"new"
+
+
+def test_an_aborted_sink_closes_the_file_it_held(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"old")
+    fds = len(os.listdir("/proc/self/fd"))
+    sink = fsops.FileSink(
+        str(target), atomic=True, append=False, mode=None, create_parents=False, keep_replaced=True
+    )
+    sink.open()
+    sink.write(b"new")
+    assert len(os.listdir("/proc/self/fd")) == fds + 2  # the temporary and the old file
+    sink.abort()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert target.read_bytes() == b"old"
+    assert sink.take_replaced() is None
 
 
 def test_a_directory_is_trusted_only_once_seen_local(tmp_path: Path) -> None:
