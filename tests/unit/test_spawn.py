@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from execd import pipes, reaper
+from execd import pipes, reaper, spawn_at
 from execd import spawn as sp
 from execd.errors import InvalidParams, SpawnFailed
 from tests.conftest import eventually
@@ -106,6 +106,23 @@ async def test_sigpipe_is_default_in_children() -> None:
     status, out, _ = await collect(sp.spawn(["/bin/sh", "-c", "yes | head -n 2"], env=ENV))
     assert sp.decode_status(status) == (0, None)
     assert out == b"y\ny\n"
+
+
+@pytest.mark.parametrize("cwd", [None, "/"], ids=["posix_spawnp", "with a directory"])
+async def test_every_signal_starts_at_its_default_whatever_execd_ignores(cwd: str | None) -> None:
+    if cwd is not None and not spawn_at.available():
+        pytest.skip("this C library has no posix_spawn_file_actions_addchdir_np")
+    ignored = (signal.SIGHUP, signal.SIGUSR2, signal.SIGTERM)
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in ignored}
+    try:
+        child = sp.spawn(["/bin/sh", "-c", "grep ^SigIgn /proc/self/status"], env=ENV, cwd=cwd)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    _, out, _ = await collect(child)
+    mask = int(out.split()[1], 16)
+    # Standard signals only: glibc's child leaves its two internal real-time ones ignored.
+    assert [n for n in range(1, 32) if mask & (1 << (n - 1))] == []
 
 
 async def test_spawn_errors_are_typed(tmp_path: Path) -> None:
