@@ -350,7 +350,7 @@ class FilesCapability:
         async with self._work(ctx) as work:
             # Once committed this does nothing; otherwise it removes the temporary.
             work.release(sink.abort)
-            with _typed_errors(path):
+            try:  # as _typed_errors(path), without a context manager on the hot path
                 if params.data is not None:
                     await self._write_inline_data(work, sink, path, params, trusted)
                     _free_replaced(sink)
@@ -369,6 +369,8 @@ class FilesCapability:
                     )
                 await work.run(sink.commit)
                 _free_replaced(sink)
+            except OSError as exc:
+                raise from_oserror(exc, path) from None
         return WriteResult(size=sink.size, sha256=sink.hexdigest() if params.checksum else None)
 
     async def _write_inline_data(

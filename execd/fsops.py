@@ -148,11 +148,13 @@ def _create_exclusive(
     If ``create`` fails any other way, whatever it left under the name is
     removed before the error propagates.
     """
-    directory, base = os.path.split(target)
+    # The name os.path.split and os.path.join would make (a repeated slash aside), for less.
+    head, slash, base = target.rpartition("/")
+    directory = head + slash
     prefix = base[:_TEMP_PREFIX_CHARS]
     for attempt in range(attempts):
         tag = _TEMP_TAG if attempt == 0 else secrets.token_hex(8)
-        name = os.path.join(directory, f".{prefix}.{tag}.tmp")
+        name = f"{directory}.{prefix}.{tag}.tmp"
         try:
             return name, create(name)
         except FileExistsError as exc:

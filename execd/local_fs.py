@@ -105,6 +105,15 @@ def mount_types(mountinfo: str) -> dict[int, str]:
     return types
 
 
+def _directory(path: str) -> str:
+    """``path`` up to its last slash: the key of its directory (``os.path.dirname`` costs more).
+
+    The same directory may get more than one key ("a/b" and "a//b"): such a
+    path is only not trusted at once.
+    """
+    return path[: path.rfind("/") + 1]
+
+
 class LocalFiles:
     """Directories and devices known to be local (see the module docstring)."""
 
@@ -129,7 +138,7 @@ class LocalFiles:
 
     def trusted(self, path: str) -> bool:
         """Whether ``path``'s directory was seen on a local filesystem (open inline)."""
-        return os.path.dirname(path) in self._directories
+        return _directory(path) in self._directories
 
     def is_local(self, device: int) -> bool:
         """Whether ``device`` (an ``st_dev``) holds a local filesystem."""
@@ -155,7 +164,7 @@ class LocalFiles:
         """
         if trusted and device is not None and self.is_local(device):
             return True
-        directory = os.path.dirname(path)
+        directory = _directory(path)
         if device is not None and self.is_local(device):
             if directory not in self._directories:
                 if len(self._directories) >= DIRECTORIES_MAX:
