@@ -14,10 +14,12 @@ Two glibc calls prevent that:
   at twice that, as glibc does when it moves the mmap threshold itself: a
   smaller one would give the top of the heap back after nearly every burst
   and fault it in again on the next.
-* :class:`Trimmer` calls ``malloc_trim(0)`` a moment after activity stops, when
-  the resident set has grown well past what it was at start. That returns the
-  free pages of every arena (worker threads allocate from arenas of their
-  own).
+* :class:`Trimmer` calls ``malloc_trim(0)`` a moment after activity, at most
+  once per :data:`TRIM_DELAY` while calls keep coming, when the resident set
+  has grown well past what it was at start. That returns the free pages of
+  every arena (worker threads allocate from arenas of their own). Under
+  sustained load the checks go on, so what a burst freed is given back while
+  other calls still run.
 
 Without glibc (musl) both do nothing.
 """
@@ -41,7 +43,7 @@ MMAP_THRESHOLD: Final = 4 * 1024 * 1024
 TRIM_THRESHOLD: Final = 2 * MMAP_THRESHOLD
 #: Growth of the resident set over its starting size that makes a trim worthwhile.
 TRIM_SLACK: Final = 8 * 1024 * 1024
-#: Seconds after the latest activity at which the trim check runs.
+#: Seconds from the first activity after a check to the next check.
 TRIM_DELAY: Final = 1.0
 
 
@@ -84,11 +86,14 @@ def resident_bytes() -> int:
 
 
 class Trimmer:
-    """Trims the heap once things are quiet again after large work.
+    """Trims the heap a moment after large work, and every so often while work goes on.
 
     :meth:`activity` is cheap and meant to be called often (after every
-    call): it arms one timer; when it fires and the resident set exceeds its
-    size at :meth:`start` by more than :data:`TRIM_SLACK`, the heap is trimmed.
+    call): it arms one timer unless one is pending, so the check runs
+    ``delay`` seconds after the first activity since the last check, whether
+    or not calls kept coming meanwhile; when the resident set then exceeds
+    its size at :meth:`start` by more than :data:`TRIM_SLACK`, the heap is
+    trimmed.
     """
 
     def __init__(self, delay: float = TRIM_DELAY, slack: int = TRIM_SLACK) -> None:
