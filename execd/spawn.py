@@ -85,7 +85,9 @@ Among them those Python ignores (SIGPIPE, SIGXFSZ) and those an ignoring
 parent would pass on (SIGINT, SIGQUIT, SIGHUP under ``nohup``). Naming them
 all also halves what glibc's child does in the ``vfork`` window: a signal in
 this set gets one ``rt_sigaction``, any other a query first (62 calls per
-spawn instead of 118 with four signals named).
+spawn instead of 118 with four signals named). The ``Popen`` fallback (a C
+library without the chdir action, with a ``cwd``) resets SIGPIPE, SIGXFSZ,
+SIGINT and SIGQUIT only (:func:`_make_interrupts_inheritable_as_default`).
 """
 _STOP_SIGNALS = frozenset(
     {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT}
