@@ -22,6 +22,7 @@ from execd.server import Server, ServerProtocol
 from harnessd.api import ExecdClient
 from harnessd.client import ClientProtocol
 from harnessd.errors import ConnectionLost, ProtocolViolation, UnknownMethod
+from protocol.bridge import HOLD_FRAMES
 from protocol.connection import ClientConnection
 from protocol.errors import ErrorCode
 from protocol.rpc import Rpc, Schema, core
@@ -239,3 +240,43 @@ async def test_a_call_made_alone_is_answered_at_once_and_a_batch_in_one_write() 
         assert log == ["write", "handled", "handled", "handled", "write"]
     finally:
         await pair.client.close()
+
+
+async def test_a_large_batch_leaves_in_parts_so_the_peer_starts_on_the_first() -> None:
+    """Calls sent in one round leave HOLD_FRAMES at a time (the first at once), and the
+    answers to one read's calls likewise: the peer works on a part while the next is made."""
+    pair = await wire()
+    sent: list[int] = []
+    answered: list[int] = []
+
+    def counting(transport: MemoryTransport, log: list[int]) -> None:
+        write = transport.write
+
+        def wrote(data: Any) -> None:
+            log.append(_frames_in(bytes(data)))
+            write(data)
+
+        transport.write = wrote  # type: ignore[method-assign]
+
+    counting(pair.to_server, sent)
+    counting(pair.to_client, answered)
+    try:
+        calls = 2 * HOLD_FRAMES + 5
+        await asyncio.gather(*(pair.client.noop() for _ in range(calls)))
+        assert sent == [1, HOLD_FRAMES, HOLD_FRAMES, 4]
+        # The first call is answered alone; the others come in reads of the memory
+        # transport's pieces, each read's answers in writes of at most HOLD_FRAMES.
+        assert sum(answered) == calls
+        assert max(answered) == HOLD_FRAMES
+    finally:
+        await pair.client.close()
+
+
+def _frames_in(data: bytes) -> int:
+    """How many length-prefixed frames ``data`` holds (whole frames only)."""
+    count = pos = 0
+    while pos < len(data):
+        pos += 4 + int.from_bytes(data[pos : pos + 4], "big")
+        count += 1
+    assert pos == len(data)
+    return count
