@@ -134,7 +134,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     # Not pinned: execd's children inherit its affinity, and the commands it runs are the
     # workload here, not the server.
     ("shell", workspace.spawn_rows),
-    # Pins its rows between processes as section 1 does, but not the atomic writes: their
+    # Pins its rows between processes as section 1 does, but not the small atomic writes: their
     # local floor (a fsync in this process) is itself slower on a pinned core
     # (0.29-0.34 -> 0.43-0.48 ms), which would flatter execd (bench/transfer.py).
     ("files", transfer.run),
@@ -188,10 +188,10 @@ async def run_suite(
         "in the bench process on uvloop.",
         "Sections 1 and 2 pin the bench process (the clients) to one core and the servers to "
         "another (bench/placement.py); section 1 then runs the floor and execd once more with "
-        "everything on one core. Section 4 pins its small and medium rows between processes "
-        "the same way and times its smallest read, write and no-op once more on one core; its "
-        "atomic writes, their local floors and its largest size run unpinned, as do the other "
-        "sections.",
+        "everything on one core. Section 4 pins its rows between processes (all of its "
+        "largest size's) the same way and times its smallest read, write and no-op once more "
+        "on one core; its small atomic writes and their local floors run unpinned, as do the "
+        "other sections.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
     ]
