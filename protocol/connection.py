@@ -46,7 +46,7 @@ finished are dropped silently: they are the normal race with a final answer.
 
 from __future__ import annotations
 
-import secrets
+import os  # os.urandom: the source secrets.token_bytes uses, without importing random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, overload
@@ -516,7 +516,7 @@ class ClientConnection(Connection):
         if not ciphers or any(c not in limits.KNOWN_CIPHERS for c in ciphers):
             raise ValueError(f"ciphers must be chosen from {limits.KNOWN_CIPHERS}")
         self._ciphers = tuple(ciphers)
-        self._nonce = nonce if nonce is not None else secrets.token_bytes(limits.NONCE_SIZE)
+        self._nonce = nonce if nonce is not None else os.urandom(limits.NONCE_SIZE)
         self._next_id = 1
         self._emit_handshake(
             Hello(
@@ -609,7 +609,7 @@ class ServerConnection(Connection):
     ) -> None:
         super().__init__(token, max_frame=max_frame, window=window)
         self._accepted_ciphers = tuple(ciphers)
-        self._nonce = nonce if nonce is not None else secrets.token_bytes(limits.NONCE_SIZE)
+        self._nonce = nonce if nonce is not None else os.urandom(limits.NONCE_SIZE)
         self._info = dict(info or {})
         probe = Welcome(mac=bytes(limits.MAC_SIZE), info=self._info)
         if len(ENCODER.encode(probe)) > limits.PREAUTH_MAX_FRAME:
