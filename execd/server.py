@@ -44,6 +44,7 @@ import inspect
 import itertools
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -170,6 +171,32 @@ class _TrackedContext(_CallContext):
             origin = _CallContext(proto, self._call_id)
             req = self.request = proto.server.requests.open(self.rid, self.method, origin)
         return req
+
+
+def _bind_literal(host: str, port: int) -> socket.socket | None:
+    """A socket bound to ``host`` when it is an IP address, as ``create_server`` binds one.
+
+    None for a host name (and for an IPv6 address with a scope), which
+    ``create_server`` resolves. An address needs no resolving, and the
+    resolver's IDNA codec would be imported for it: about a millisecond of
+    execd's start.
+    """
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return None
 
 
 class ServerProtocol(FramedProtocol):
@@ -480,13 +507,23 @@ class Server:
     async def start(self) -> None:
         """Bind and listen; afterwards ``self.port`` is the port the kernel picked."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ServerProtocol(self),
-            host=self.config.host,
-            port=self.config.port,
-            reuse_address=True,
-            backlog=1024,
-        )
+        bound = _bind_literal(self.config.host, self.config.port)
+        if bound is not None:
+            try:
+                self._server = await loop.create_server(
+                    lambda: ServerProtocol(self), sock=bound, backlog=1024
+                )
+            except BaseException:
+                bound.close()
+                raise
+        else:
+            self._server = await loop.create_server(
+                lambda: ServerProtocol(self),
+                host=self.config.host,
+                port=self.config.port,
+                reuse_address=True,
+                backlog=1024,
+            )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self.trimmer.start()

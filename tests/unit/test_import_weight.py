@@ -70,13 +70,15 @@ STARTUP_DEFERRED = (
     "protocol.rpc.shell",
     "tempfile",  # only for a fallback state directory or a private root
     "shutil",  # argparse asks it for the terminal width only to print help
+    "random",  # random bytes come from os.urandom, not the secrets module
+    "encodings.idna",  # an address to bind needs no resolving (uvloop's resolver encodes names)
 )
 
 
 def test_execd_listens_without_what_it_defers(tmp_path: pathlib.Path) -> None:
     """Parsing the command line, building execd and binding its socket leave these unimported."""
     code = (
-        "import asyncio, sys\n"
+        "import asyncio, sys, uvloop\n"
         "from execd.__main__ import _config, _parser\n"
         "from execd.app import Execd\n"
         "async def main():\n"
@@ -85,7 +87,7 @@ def test_execd_listens_without_what_it_defers(tmp_path: pathlib.Path) -> None:
         "    await app.server.start()\n"
         "    print(' '.join(sorted(sys.modules)))\n"
         "    await app.server.close()\n"
-        "asyncio.run(main())\n"
+        "uvloop.run(main())  # as execd runs\n"
     )
     loaded = _modules_after(code)
     assert "execd.server" in loaded
