@@ -19,17 +19,17 @@ atomic ``files.write`` and its local floor, a write + fsync + rename of the
 same bytes in the bench process, and the atomic write with ``durable=True``
 beside the same floor plus a fsync of the directory.
 
-Placement (see :mod:`bench.placement`): the rows that compare processes
-over loopback -- execd's reads, writes and no-op, the raw socket, every row
-of the largest size -- run with the bench process on one core and execd and
-the raw server on another, as sections 1 and 2 do; left to the scheduler
-their ratios changed with where each process happened to be woken (a 256 MiB
-read: 0.27-0.76 of the raw socket unpinned, 0.80-0.88 pinned: woken on one
-core, the two ends took turns). The small atomic writes and their local
-floors run unpinned (the floor is the bench process's own write + fsync +
-rename, which a pinned process did more slowly). The smallest read, write and no-op are then timed
-once more with everything on one core (``files1`` rows, no target): CPU per
-call with no wake-up latency to hide it.
+Placement (see :mod:`bench.placement`): the rows that compare processes over
+loopback -- execd's reads, writes and no-op, the raw socket, every row of
+the largest size -- run with the bench process on one core and execd and the
+raw server on another, as sections 1 and 2 do; left to the scheduler their
+ratios changed with where each process happened to be woken (a 256 MiB read:
+0.27-0.76 of the raw socket unpinned, 0.63-0.88 pinned: woken on one core,
+the two ends took turns). The small atomic writes and their local floors run
+unpinned (the floor is the bench process's own write + fsync + rename, which
+a pinned process did more slowly). The smallest read, write and no-op are
+then timed once more with everything on one core (``files1`` rows, no
+target): CPU per call with no wake-up latency to hide it.
 
 Every measurement of the largest size starts from the same memory state in
 the bench process: its heap trimmed (``malloc_trim(0)``, through

@@ -65,9 +65,9 @@ HOLD_MAX: Final = 64 * 1024
 #: Held frames are written once this many are held, the rest held after them. A batch
 #: written whole makes the two ends take turns: the peer starts on the first of 64
 #: pipelined calls only once all 64 are made. Written in parts, it works on one part
-#: while this end makes the next (pipelined no-ops with the ends on two cores: 0.43 ->
-#: 0.8 of the floor); parts much smaller cost more system calls and, on one core,
-#: more switches between the ends than they save.
+#: while this end makes the next (pipelined no-ops with the ends on two cores: 0.42-0.46
+#: -> 0.71-0.77 of the floor); parts much smaller cost more system calls and, on one
+#: core, more switches between the ends than they save.
 HOLD_FRAMES: Final = 32
 #: ``FramedProtocol._held`` while the one event of a read is handled: its first frame is
 #: written at once, the rest held until the read's end (never appended to).
