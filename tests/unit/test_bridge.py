@@ -22,9 +22,11 @@ from execd.server import Server, ServerProtocol
 from harnessd.api import ExecdClient
 from harnessd.client import ClientProtocol
 from harnessd.errors import ConnectionLost, ProtocolViolation, UnknownMethod
+from protocol import limits
 from protocol.bridge import HOLD_FRAMES
 from protocol.connection import ClientConnection
 from protocol.errors import ErrorCode
+from protocol.framing import FrameReader
 from protocol.rpc import Rpc, Schema, core
 from tests.conftest import eventually
 from tests.support.memory_transport import MemoryTransport, connect_pair
@@ -273,10 +275,11 @@ async def test_a_large_batch_leaves_in_parts_so_the_peer_starts_on_the_first() -
 
 
 def _frames_in(data: bytes) -> int:
-    """How many length-prefixed frames ``data`` holds (whole frames only)."""
-    count = pos = 0
-    while pos < len(data):
-        pos += 4 + int.from_bytes(data[pos : pos + 4], "big")
-        count += 1
-    assert pos == len(data)
-    return count
+    """How many frames ``data`` holds, split by the protocol's own reader (whole frames only)."""
+    reader = FrameReader(limits.MAX_MAX_FRAME)
+    reader.feed(data)
+    bodies = []
+    while (body := reader.next_frame()) is not None:
+        bodies.append(body)
+    assert sum(limits.HEADER_SIZE + len(body) for body in bodies) == len(data)
+    return len(bodies)
