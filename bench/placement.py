@@ -60,12 +60,29 @@ def _set_all(pid: int, cores: set[int]) -> None:
 
 
 @contextlib.contextmanager
+def placed(servers: Iterable[int], client_core: int, server_core: int) -> Iterator[None]:
+    """Pin this process to ``client_core`` and ``servers`` (pids) to ``server_core``, for the block.
+
+    On exit every thread of each process, those started meanwhile included,
+    gets the process's previous affinity back.
+    """
+    saved: dict[int, set[int]] = {}
+    try:
+        _pin(os.getpid(), {client_core}, saved)
+        for pid in servers:
+            _pin(pid, {server_core}, saved)
+        yield
+    finally:
+        for pid, affinity in saved.items():
+            _set_all(pid, affinity)
+
+
+@contextlib.contextmanager
 def pinned(servers: Iterable[int], placement: Placement) -> Iterator[str]:
     """Pin this process and ``servers`` (pids) as ``placement`` says, for the block.
 
-    Yields a short description of where they run, for row labels. On exit
-    every thread of each process, those started meanwhile included, gets the
-    process's previous affinity back.
+    Yields a short description of where they run, for row labels (see
+    :func:`placed`).
     """
     cores = sorted(os.sched_getaffinity(0))
     if placement == "cross" and len(cores) < 2:
@@ -73,18 +90,11 @@ def pinned(servers: Iterable[int], placement: Placement) -> Iterator[str]:
         return
     client_core = cores[0]
     server_core = cores[1] if placement == "cross" else cores[0]
-    saved: dict[int, set[int]] = {}
-    try:
-        _pin(os.getpid(), {client_core}, saved)
-        for pid in servers:
-            _pin(pid, {server_core}, saved)
+    with placed(servers, client_core, server_core):
         if placement == "cross":
             yield f"client on core {client_core}, servers on core {server_core}"
         else:
             yield f"client and server on core {client_core}"
-    finally:
-        for pid, affinity in saved.items():
-            _set_all(pid, affinity)
 
 
 def one_core_rows(

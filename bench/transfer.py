@@ -92,7 +92,7 @@ def _write_local(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def _write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
+def write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
     """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
 
     ``sync_directory``: then fsync the directory too, which makes the rename
@@ -185,11 +185,11 @@ async def run(env: Env) -> list[Row]:
 
                 async def local_atomic(data: bytes = data, local: str = local_path) -> object:
                     # Blocking on purpose: the local floor of the atomic write.
-                    _write_fsync_rename(local, data)
+                    write_fsync_rename(local, data)
                     return None
 
                 async def local_atomic_dir(data: bytes = data, local: str = local_path) -> object:
-                    _write_fsync_rename(local, data, sync_directory=True)
+                    write_fsync_rename(local, data, sync_directory=True)
                     return None
 
                 actions["noop"] = client.noop
