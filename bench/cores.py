@@ -15,9 +15,9 @@ One execd serves every placement of this process (the client, and the
 floors) and of execd on the usable cores: both on the first core, both on
 the second, then each on its own, both ways. Each placement times, in
 interleaved batches, execd's no-op, the atomic write and ``true`` through
-execd, and the two floors in this process. It prints the p50 of each and what execd
-adds over its floor, then which cores take the interrupts of the block
-device that holds ``--dir``.
+execd, and the two floors in this process. It prints the p50 of each and
+what execd adds over its floor, then which cores take the interrupts of
+the block device that holds ``--dir``.
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ from bench.execd_proc import start_execd
 from bench.placement import placed
 from bench.stats import Call, interleaved
 from bench.transfer import write_fsync_rename
-
-#: The approaches of each placement, in the order they are printed.
-COLUMNS = ("noop", "atomic", "local_atomic", "true", "local_true")
 
 SIZE = 4096
 """Bytes of each atomic write (the size of section 4's target row)."""
