@@ -34,9 +34,9 @@ from pathlib import Path
 import uvloop
 
 from bench.execd_proc import start_execd
+from bench.floor import write_fsync_rename
 from bench.placement import placed
 from bench.stats import Call, interleaved
-from bench.transfer import write_fsync_rename
 
 SIZE = 4096
 """Bytes of each atomic write (the size of section 4's target row)."""

@@ -10,6 +10,15 @@ control, no dispatch table, no tasks). :class:`FloorClient` is the matching
 client: it encodes calls, keeps one future per id so any number of calls can
 be in flight on one connection, and decodes replies.
 
+Two more methods make the floors of work that crosses from the client's
+process into another one, as every execd call does: ``spawn`` (params: an
+argv list) starts the command as ``subprocess.run`` would with its output
+captured (``posix_spawnp``, stdin on ``/dev/null``, stdout and stderr on
+pipes), watches its pidfd and both pipes on the loop and answers
+``[exit_code, stdout, stderr]`` once all three are done; ``write`` (params:
+``[path, data]``) is :func:`write_fsync_rename` on the loop. Neither checks
+anything or limits anything: what execd adds over them is its own cost.
+
 :class:`BulkServer` is the floor for moving bytes. A request is one byte
 (``R``, ``W`` or ``F``) and an 8-byte big-endian size. ``R``: the server sends
 that many bytes from a block held in memory, honouring the transport's write
@@ -27,6 +36,7 @@ import asyncio
 import contextlib
 import os
 import struct
+from collections.abc import Callable
 from typing import Final, cast
 
 import msgspec
@@ -91,8 +101,104 @@ class _FrameSplitter:
         return bodies
 
 
+def write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
+    """The floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
+
+    ``sync_directory``: then fsync the directory too, which makes the rename
+    itself durable (execd's atomic write with ``durable=True`` does).
+    """
+    temporary = path + ".floor-tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, path)
+    if sync_directory:
+        directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+_WRITE_PARAMS: Final = msgspec.msgpack.Decoder(tuple[str, bytes])
+_ARGV: Final = msgspec.msgpack.Decoder(list[str])
+
+
+class _Run:
+    """One ``spawn`` call: a child, its two output pipes and its pidfd, watched on the loop."""
+
+    __slots__ = ("_done", "_loop", "_open", "_output", "_pid", "_pidfd", "_status")
+
+    def __init__(self, argv: list[str], done: Callable[[msgspec.Raw], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._done = done
+        self._output: dict[int, bytearray] = {}
+        self._status = 0
+        # Nonblocking on the parent's ends only: the child writes as to any pipe.
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
+        try:
+            self._pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+            )
+        except OSError:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self._pidfd = os.pidfd_open(self._pid)
+        self._open = 3
+        for fd in (out_r, err_r):
+            self._output[fd] = bytearray()
+            self._loop.add_reader(fd, self._readable, fd)
+        self._loop.add_reader(self._pidfd, self._exited)
+
+    def _readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if data:
+            self._output[fd] += data
+            return
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        self._one_done()
+
+    def _exited(self) -> None:
+        self._loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        _, status = os.waitpid(self._pid, 0)
+        self._status = os.waitstatus_to_exitcode(status)
+        self._one_done()
+
+    def _one_done(self) -> None:
+        self._open -= 1
+        if not self._open:
+            stdout, stderr = self._output.values()
+            self._done(msgspec.Raw(_ENCODER.encode((self._status, stdout, stderr))))
+
+
 class FloorServer(asyncio.Protocol):
-    """Answers every FloorCall with a FloorReply (result nil, or the params for ``echo``)."""
+    """Answers every FloorCall with a FloorReply (module docstring).
+
+    The result is nil, the params for ``echo``, what ``spawn`` describes;
+    ``write`` answers nil once its file is renamed into place.
+    """
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
@@ -107,10 +213,24 @@ class FloorServer(asyncio.Protocol):
         out = bytearray()
         for body in self._splitter.feed(data):
             call = _CALL_DECODER.decode(body)
-            result = call.params if call.method == "echo" else NIL
+            result = NIL
+            if call.method == "echo":
+                result = call.params
+            elif call.method == "write":
+                write_fsync_rename(*_WRITE_PARAMS.decode(call.params))
+            elif call.method == "spawn":
+                _Run(_ARGV.decode(call.params), self._replier(call.id))
+                continue
             out += _frame(FloorReply(id=call.id, result=result))
         if out:
             transport.write(out)
+
+    def _replier(self, call_id: int) -> Callable[[msgspec.Raw], None]:
+        def reply(result: msgspec.Raw) -> None:
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.write(_frame(FloorReply(id=call_id, result=result)))
+
+        return reply
 
 
 class FloorClient(asyncio.Protocol):

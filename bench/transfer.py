@@ -16,8 +16,10 @@ raw socket); the largest as a rate in MB/s (ratio: share of the raw rate).
 At the smallest size more rows: execd's own ``server.noop`` on the same
 connection (small reads and writes should cost about a no-op), the default
 atomic ``files.write`` and its local floor, a write + fsync + rename of the
-same bytes in the bench process, and the atomic write with ``durable=True``
-beside the same floor plus a fsync of the directory.
+same bytes in the bench process, the same write done by the floor server's
+``write`` (:mod:`bench.floor`: in another process, as execd is; no target),
+and the atomic write with ``durable=True`` beside the same floor plus a
+fsync of the directory.
 
 Placement (see :mod:`bench.placement`): the rows that compare processes over
 loopback -- execd's reads, writes and no-op, the raw socket, every row of
@@ -56,8 +58,10 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
+
 from bench.env import Env
-from bench.floor import connect_bulk
+from bench.floor import connect_bulk, connect_floor, write_fsync_rename
 from bench.placement import one_core_rows, pinned
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
@@ -92,28 +96,6 @@ def _write_local(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) -> None:
-    """The local floor of an atomic write: a temporary written, fsynced, renamed over ``path``.
-
-    ``sync_directory``: then fsync the directory too, which makes the rename
-    itself durable (execd's atomic write with ``durable=True`` does).
-    """
-    temporary = path + ".floor-tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, path)
-    if sync_directory:
-        directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
 def _payload(rng: random.Random, size: int) -> bytes:
     """``size`` pseudo-random bytes (a random MiB repeated beyond 1 MiB)."""
     block = rng.randbytes(min(size, MIB))
@@ -131,6 +113,7 @@ async def run(env: Env) -> list[Row]:
     settings = env.settings
     client = await env.execd.connect()
     bulk = await connect_bulk(HOST, env.raw.ports["bulk"])
+    floor_server = await connect_floor(HOST, env.raw.ports["rpc"])
     rows: list[Row] = []
     servers = (env.execd.pid, env.raw.pid)
     try:
@@ -192,10 +175,18 @@ async def run(env: Env) -> list[Row]:
                     write_fsync_rename(local, data, sync_directory=True)
                     return None
 
+                floor_params = msgspec.Raw(
+                    msgspec.msgpack.encode((env.path("transfer-floor-server.bin"), data))
+                )
+
+                async def floor_atomic(params: msgspec.Raw = floor_params) -> object:
+                    return await floor_server.call("write", params)
+
                 actions["noop"] = client.noop
                 actions["execd_write_atomic"] = execd_atomic
                 actions["local_atomic"] = local_atomic
                 actions["local_atomic_dir"] = local_atomic_dir
+                actions["floor_atomic"] = floor_atomic
                 actions["execd_write_durable"] = execd_durable
             times: dict[str, list[float]] = {key: [] for key in actions}
             if name != "large":
@@ -230,9 +221,11 @@ async def run(env: Env) -> list[Row]:
             rows += _rows(name, size, times, where)
             del data
             os.unlink(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(env.path("transfer-local.bin"))
+            for leftover in ("transfer-local.bin", "transfer-floor-server.bin"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(env.path(leftover))
     finally:
+        floor_server.close()
         bulk.close()
         await client.close()
     return rows
@@ -265,6 +258,7 @@ def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> li
         "noop": "execd server.noop on the same connection",
         "local_atomic": f"local write + fsync + rename of {label} in the client process",
         "local_atomic_dir": "the same + fsync of the directory (as a durable write does)",
+        "floor_atomic": f"the floor server's write + fsync + rename of {label} in its own process",
         "execd_write_durable": f"execd files.write, {label}, atomic, durable=true",
     }
     for key, seconds in times.items():
@@ -274,10 +268,12 @@ def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> li
             baselines = (f"files.{name}.raw_write",) if key == "raw_write_file" else ()
         elif key in ("noop", "local_atomic", "local_atomic_dir"):
             baselines = ()
+        elif key == "floor_atomic":
+            baselines = (f"files.{name}.local_atomic",)
         elif direction == "write" and large:
             baselines += (f"files.{name}.raw_write_file",)
         elif key == "execd_write_atomic":
-            baselines = (f"files.{name}.local_atomic",)
+            baselines = (f"files.{name}.local_atomic", f"files.{name}.floor_atomic")
         elif key == "execd_write_durable":
             baselines = (f"files.{name}.local_atomic_dir",)
         if name == "small" and key in ("execd_read", "execd_write"):
@@ -302,6 +298,7 @@ def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> li
                 "noop": "no-op",
                 "local_atomic": "local floor",
                 "local_atomic_dir": "local floor with directory fsync",
+                "floor_atomic": "floor server",
             }.get(key, ""),
             extra={"bytes": float(size), "mean": summary.mean},
         )
@@ -318,7 +315,10 @@ def _rows(name: str, size: int, times: dict[str, list[float]], where: str) -> li
             atomic.p50 - floor.p50,
             ATOMIC_TARGET_MS,
         )
-        atomic.note = f"{atomic.p50 - floor.p50:+.2f} ms"
+        server = by_key["files.small.floor_atomic"]
+        atomic.note = f"{atomic.p50 - floor.p50:+.2f} ms; {atomic.p50 - server.p50:+.2f} ms over the floor server"
+        atomic.extra["p50_over_floor_server_ms"] = atomic.p50 - server.p50
+        server.note = f"{server.p50 - floor.p50:+.2f} ms"
         durable = by_key["files.small.execd_write_durable"]
         durable.note = f"{durable.p50 - by_key['files.small.local_atomic_dir'].p50:+.2f} ms"
     if name == "medium":
