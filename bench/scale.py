@@ -21,7 +21,11 @@ default, each its own process), then measures, in this order:
    or not the session's previous call has finished, as agents waiting on
    their models issue them. The ``N``
    sessions are connected afresh for each rate, so the two measurements of a
-   rate follow each other and the machine's drift hits both alike. For each:
+   rate follow each other and the machine's drift hits both alike. Between
+   the two, ``M`` sessions, one per execd, take the same arrivals: the calls
+   spread over every execd as the ``N`` sessions' are, with no more sessions
+   in the harness than execds (no target; it tells the cost of the spread
+   from the cost of the sessions). For each:
    per-call latency (issue to answer), harness CPU per call, and the cores
    used by the harness and the execds together (their own CPU time, which
    includes the reaped ``true`` processes, so other work on a shared machine
@@ -42,7 +46,11 @@ calls from one session after pauses of a few milliseconds meet an execd and
 a CPU that are still warm, and an open loop at these rates leaves them idle
 for 2-10 ms between calls, which costs a round trip here a third more with
 one session on one execd (the same calls, only the pause longer), whatever
-the number of sessions.
+the number of sessions. Nor does it cover the spread: at these rates each
+of 20 execds is woken 5-25 times a second, and here one session per execd
+measured 1.6-1.9x one session while 60 sessions on one execd measured
+0.97-1.05x (``--sessions 20`` and ``--sessions 60 --execds 1``); the rows
+of one session per execd show that share in every run.
 ``--profile FILE`` runs the open-loop phases under cProfile and writes the
 stats to ``FILE``; the top functions go to stderr.
 
@@ -169,8 +177,10 @@ class ScaleFigures:
     fds_after: int
     fds_per_session: float
     one: list[RateFigures]
+    spread: list[RateFigures]
     many: list[RateFigures]
     one_cpu_us_per_call: float
+    spread_cpu_us_per_call: float
     many_cpu_us_per_call: float
     idle_cpu_percent: float
     keepalive_interval: float
@@ -451,6 +461,7 @@ async def _phases(
 
     profiler = cProfile.Profile() if profile else None
     one: list[RateFigures] = []
+    spread: list[RateFigures] = []
     many: list[RateFigures] = []
     connects: list[float] = []
     rss_before = rss_after = fds_before = fds_after = 0
@@ -465,6 +476,13 @@ async def _phases(
             one.append(figures)
         finally:
             await alone.close()
+        apart = await connect_all(execds, len(execds), None)
+        try:
+            mixes = [Mix(client, paths[i], i) for i, client in enumerate(apart)]
+            _, figures = await open_loop(mixes, rate, config.rate_seconds, pids, seed)
+            spread.append(figures)
+        finally:
+            await close_all(apart)
         gc.collect()
         await asyncio.sleep(0.2)
         if index == 0:
@@ -527,8 +545,10 @@ async def _phases(
         fds_after=fds_after,
         fds_per_session=(fds_after - fds_before) / count,
         one=one,
+        spread=spread,
         many=many,
         one_cpu_us_per_call=_cpu_per_call(one),
+        spread_cpu_us_per_call=_cpu_per_call(spread),
         many_cpu_us_per_call=_cpu_per_call(many),
         idle_cpu_percent=idle_percent,
         keepalive_interval=interval,
@@ -569,6 +589,7 @@ def figures_from_json(data: dict[str, Any]) -> ScaleFigures:
     fields = {
         **data,
         "one": [RateFigures(**item) for item in data["one"]],
+        "spread": [RateFigures(**item) for item in data["spread"]],
         "many": [RateFigures(**item) for item in data["many"]],
     }
     fields["load_before"] = tuple(data["load_before"])
@@ -651,13 +672,26 @@ def rows_from(f: ScaleFigures) -> list[Row]:
             extra={f"at_{r.offered:g}_per_s": r.harness_cpu_us_per_call for r in f.one},
         )
     )
+    apart = f"{f.execds} sessions, one per execd"
+    rows.append(
+        _single(
+            "scale.cpu_spread",
+            section,
+            f"harness CPU per call, {apart}, open loop at the same rates",
+            "us",
+            f.spread_cpu_us_per_call,
+            short="one per execd",
+            baselines=("scale.cpu_one",),
+            extra={f"at_{r.offered:g}_per_s": r.harness_cpu_us_per_call for r in f.spread},
+        )
+    )
     cpu_many = _single(
         "scale.cpu_many",
         section,
         f"harness CPU per call, {n} sessions, open loop at the same rates",
         "us",
         f.many_cpu_us_per_call,
-        baselines=("scale.cpu_one",),
+        baselines=("scale.cpu_one", "scale.cpu_spread"),
         extra={f"at_{r.offered:g}_per_s": r.harness_cpu_us_per_call for r in f.many},
     )
     cpu_many.target = Target(
@@ -701,6 +735,27 @@ def rows_from(f: ScaleFigures) -> list[Row]:
                 },
             )
         )
+    for key, apart_rate in zip(RATE_KEYS, f.spread, strict=True):
+        rows.append(
+            Row(
+                key=f"scale.spread_{key}",
+                section=section,
+                label=f"per-call latency, {apart}, open loop at {apart_rate.offered:g} calls/s",
+                short=f"one per execd at {apart_rate.offered:g}/s",
+                unit="us",
+                p50=apart_rate.p50_us,
+                p99=apart_rate.p99_us,
+                n=apart_rate.calls,
+                baselines=(f"scale.one_{key}",),
+                extra={
+                    "offered_per_s": apart_rate.offered,
+                    "achieved_per_s": apart_rate.calls / apart_rate.seconds,
+                    "cores_used": apart_rate.cores_used,
+                    "harness_cpu_us_per_call": apart_rate.harness_cpu_us_per_call,
+                    **{f"p50_{k}_us": v for k, v in apart_rate.p50_by_kind.items()},
+                },
+            )
+        )
     for key, alone, rate in zip(RATE_KEYS, f.one, f.many, strict=True):
         row = Row(
             key=f"scale.open_{key}",
@@ -710,7 +765,7 @@ def rows_from(f: ScaleFigures) -> list[Row]:
             p50=rate.p50_us,
             p99=rate.p99_us,
             n=rate.calls,
-            baselines=(f"scale.one_{key}", "scale.latency_single"),
+            baselines=(f"scale.one_{key}", "scale.latency_single", f"scale.spread_{key}"),
             note=f"our processes used {rate.cores_used:.2f} of {f.cores} cores",
             extra={
                 "offered_per_s": rate.offered,
@@ -777,7 +832,8 @@ def print_figures(f: ScaleFigures) -> None:
         f"p99 {f.single_p99_us:.0f} us; by kind "
         + ", ".join(f"{k} {v:.0f}" for k, v in f.single_p50_by_kind.items())
     )
-    for sessions, phases in ((1, f.one), (f.sessions, f.many)):
+    spread = f"{f.execds} (one per execd)"
+    for sessions, phases in ((1, f.one), (spread, f.spread), (f.sessions, f.many)):
         for r, alone in zip(phases, f.one, strict=True):
             print(
                 f"{sessions} sessions, open loop {r.offered:g}/s: {r.calls} calls, "
@@ -790,6 +846,7 @@ def print_figures(f: ScaleFigures) -> None:
             )
     print(
         f"CPU per call: {f.one_cpu_us_per_call:.1f} us at one session, "
+        f"{f.spread_cpu_us_per_call:.1f} us at {spread}, "
         f"{f.many_cpu_us_per_call:.1f} us at {f.sessions} "
         f"({f.many_cpu_us_per_call / f.one_cpu_us_per_call:.2f}x)"
     )

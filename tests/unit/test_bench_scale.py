@@ -62,7 +62,12 @@ def _rate(offered: float, p50: float) -> scale.RateFigures:
     )
 
 
-def _figures(one: list[float], many: list[float], cores_used: float = 0.3) -> scale.ScaleFigures:
+def _figures(
+    one: list[float],
+    many: list[float],
+    cores_used: float = 0.3,
+    spread: tuple[float, float, float] = (1000.0, 1050.0, 1300.0),
+) -> scale.ScaleFigures:
     rates = (100.0, 250.0, 500.0)
     many_figures = [_rate(r, p) for r, p in zip(rates, many, strict=True)]
     for figures in many_figures:
@@ -85,8 +90,10 @@ def _figures(one: list[float], many: list[float], cores_used: float = 0.3) -> sc
         fds_after=1020,
         fds_per_session=1.0,
         one=[_rate(r, p) for r, p in zip(rates, one, strict=True)],
+        spread=[_rate(r, p) for r, p in zip(rates, spread, strict=True)],
         many=many_figures,
         one_cpu_us_per_call=400.0,
+        spread_cpu_us_per_call=410.0,
         many_cpu_us_per_call=420.0,
         idle_cpu_percent=0.03,
         keepalive_interval=5.0,
@@ -110,9 +117,19 @@ def test_each_rate_is_compared_with_one_session_at_that_rate() -> None:
         assert row.target is not None
         assert row.target.value == pytest.approx(many / one)
         assert row.target.limit == scale.LATENCY_TARGET
-        # Both references are shown: one session at that rate and one call at a time.
+        # Every reference is shown: one session at that rate, one call at a time, and
+        # one session per execd at that rate (no target of its own).
         assert row.ratios[f"scale.one_{key}"] == pytest.approx(many / one)
         assert row.ratios["scale.latency_single"] == pytest.approx(many / 500.0)
+        apart = by_key[f"scale.spread_{key}"]
+        assert apart.target is None
+        assert row.ratios[f"scale.spread_{key}"] == pytest.approx(many / apart.p50)
+        assert apart.ratios[f"scale.one_{key}"] == pytest.approx(apart.p50 / one)
+    cpu = by_key["scale.cpu_many"]
+    assert cpu.ratios == {
+        "scale.cpu_one": pytest.approx(420 / 400),
+        "scale.cpu_spread": pytest.approx(420 / 410),
+    }
     met = [row.target.met for row in rows if row.key.startswith("scale.open_") and row.target]
     assert met == [True, False, True]
     assert [row.key for row in rows] == [key for key in ROW_KEYS if key.startswith("scale.")]
