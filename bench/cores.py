@@ -11,13 +11,18 @@ each runs: on some machines a core woken from idle runs the code that
 follows more slowly than a busy one, and an fsync sleeps until the block
 device's interrupt, which one core takes, wakes it.
 
-One execd serves every placement of this process (the client, and the
-floors) and of execd on the usable cores: both on the first core, both on
-the second, then each on its own, both ways. Each placement times, in
-interleaved batches, execd's no-op, the atomic write and ``true`` through
-execd, and the two floors in this process. It prints the p50 of each and
-what execd adds over its floor, then which cores take the interrupts of
-the block device that holds ``--dir``.
+One execd and one floor server (:mod:`bench.floor`: the least a uvloop
+msgpack server does for the same work) serve every placement of this
+process (the client, and the local floors) and of the two servers on the
+usable cores: both on the first core, both on the second, then each on its
+own, both ways. Each placement times, in interleaved batches, execd's
+no-op, the atomic write and ``true`` through execd, the same three through
+the floor server, and the two local floors in this process. It prints the
+p50 of each, what execd adds over the local floor and over the floor
+server, then which cores take the interrupts of the block device that
+holds ``--dir``. With both on one core and ``--dir`` on a tmpfs, no
+wake-up crosses cores and no disk is waited for: what is left of execd's
+difference from the floor server is CPU per call.
 """
 
 from __future__ import annotations
@@ -31,15 +36,20 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import uvloop
 
 from bench.execd_proc import start_execd
-from bench.floor import write_fsync_rename
+from bench.floor import connect_floor, write_fsync_rename
 from bench.placement import placed
+from bench.servers import start_server
+from bench.settings import HOST
 from bench.stats import Call, interleaved
 
 SIZE = 4096
 """Bytes of each atomic write (the size of section 4's target row)."""
+_TRUE = msgspec.Raw(msgspec.msgpack.encode(["true"]))
+_SPAWN_RESULT = msgspec.msgpack.Decoder(tuple[int, bytes, bytes])
 
 
 def placements(cores: Sequence[int]) -> list[tuple[int, int]]:
@@ -105,10 +115,26 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
     data = os.urandom(SIZE)
     remote_path = os.path.join(directory, "cores-execd.bin")
     local_path = os.path.join(directory, "cores-local.bin")
+    server_params = msgspec.Raw(
+        msgspec.msgpack.encode((os.path.join(directory, "cores-server.bin"), data))
+    )
     results: dict[tuple[int, int], dict[str, float]] = {}
-    async with start_execd(directory) as execd:
+    async with start_execd(directory) as execd, start_server("raw") as raw:
         client = await execd.connect()
+        server = await connect_floor(HOST, raw.ports["rpc"])
         try:
+
+            async def server_noop() -> object:
+                return await server.call("noop")
+
+            async def server_atomic() -> object:
+                return await server.call("write", server_params)
+
+            async def server_true() -> object:
+                exit_code, _, _ = _SPAWN_RESULT.decode(await server.call("spawn", _TRUE))
+                if exit_code != 0:
+                    raise RuntimeError(f"true exited with {exit_code} in the floor server")
+                return exit_code
 
             async def atomic() -> object:
                 return await client.write_file(remote_path, data)
@@ -131,14 +157,17 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
 
             approaches: dict[str, Call] = {
                 "noop": client.noop,
+                "server_noop": server_noop,
                 "atomic": atomic,
                 "local_atomic": local_atomic,
+                "server_atomic": server_atomic,
                 "true": true,
                 "local_true": local_true,
+                "server_true": server_true,
             }
             cores = sorted(os.sched_getaffinity(0))
             for client_core, server_core in placements(cores):
-                with placed([execd.pid], client_core, server_core):
+                with placed([execd.pid, raw.pid], client_core, server_core):
                     samples = await interleaved(
                         approaches,
                         dict.fromkeys(approaches, count),
@@ -149,6 +178,7 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
                     name: statistics.median(values) for name, values in samples.items()
                 }
         finally:
+            server.close()
             await client.close()
     return results
 
@@ -156,18 +186,22 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
 def report(results: dict[tuple[int, int], dict[str, float]], directory: str) -> str:
     """The table, then the block device's interrupt cores."""
     lines = [
-        f"p50 in us per call; execd and this process pinned; {SIZE} B atomic writes in {directory}",
-        f"{'client/execd core':>18} {'no-op':>7} {'atomic':>7} {'floor':>7} {'+':>6}"
-        f" {'true':>7} {'floor':>7} {'+':>6}",
+        f"p50 in us per call; the servers and this process pinned; {SIZE} B atomic writes in"
+        f" {directory}",
+        "each of no-op, atomic and true: execd, then the floor server; atomic and true then the"
+        " local floor in this process, execd over the local floor, execd over the floor server",
+        f"{'client/servers':>14} {'no-op':>6} {'srv':>6}"
+        f" {'atomic':>6} {'srv':>6} {'local':>6} {'+':>5} {'+srv':>5}"
+        f" {'true':>6} {'srv':>6} {'local':>6} {'+':>5} {'+srv':>5}",
     ]
     for (client_core, server_core), p50 in results.items():
-        lines.append(
-            f"{f'{client_core} / {server_core}':>18} {p50['noop']:7.0f}"
-            f" {p50['atomic']:7.0f} {p50['local_atomic']:7.0f}"
-            f" {p50['atomic'] - p50['local_atomic']:+6.0f}"
-            f" {p50['true']:7.0f} {p50['local_true']:7.0f}"
-            f" {p50['true'] - p50['local_true']:+6.0f}"
-        )
+        cells = [f"{f'{client_core} / {server_core}':>14}", f"{p50['noop']:6.0f}"]
+        cells.append(f"{p50['server_noop']:6.0f}")
+        for name in ("atomic", "true"):
+            execd, server, local = p50[name], p50[f"server_{name}"], p50[f"local_{name}"]
+            cells += [f"{execd:6.0f}", f"{server:6.0f}", f"{local:6.0f}"]
+            cells += [f"{execd - local:+5.0f}", f"{execd - server:+5.0f}"]
+        lines.append(" ".join(cells))
     interrupts = block_interrupts(directory)
     if interrupts:
         listed = ", ".join(f"{name} (irq {irq}) on core {where}" for irq, name, where in interrupts)
