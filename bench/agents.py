@@ -39,8 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-import uvloop
-
+from bench import runner
 from bench.report import Row, finish
 from bench.settings import default_tmp
 from bench.stats import percentile
@@ -352,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         lease=args.lease,
         launch_concurrency=args.launch_concurrency,
     )
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        report = runner.run(run_agents(config, args.tmp))
+    report = runner.run(run_agents(config, args.tmp))
     return finish(report, args.json, print_report)
 
 

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
-import uvloop
 
+from bench import runner
 from bench.execd_proc import start_execd
 from bench.floor import connect_floor, write_fsync_rename
 from bench.placement import placed
@@ -222,7 +222,7 @@ def main(args: Sequence[str] | None = None) -> None:
     if options.count < 2:
         parser.error("--count must be at least 2")
     with tempfile.TemporaryDirectory(prefix="bench-cores-", dir=options.dir) as directory:
-        results = uvloop.run(measure(directory, options.count))
+        results = runner.run(measure(directory, options.count))
         print(report(results, directory))
 
 

@@ -82,9 +82,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-import uvloop
-
-from bench import agents
+from bench import agents, runner
 from bench.env import Env
 from bench.execd_proc import ExecdProcess, start_execd
 from bench.report import Row, Target
@@ -605,7 +603,14 @@ async def run_child(quick: bool, tmp_dir: str) -> ScaleFigures:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
-    out, err = await proc.communicate()
+    try:
+        out, err = await proc.communicate()
+    except asyncio.CancelledError:
+        # The child stops its execds and removes their directories on SIGTERM.
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        await proc.wait()
+        raise
     if proc.returncode != 0:
         raise RuntimeError(
             f"bench.scale exited with {proc.returncode}:\n{err.decode(errors='replace')[-4000:]}"
@@ -893,8 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         changes["rate_seconds"] = args.seconds
     if changes:
         config = ScaleConfig(**{**asdict(config), **changes})
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        figures = runner.run(measure(config, args.profile))
+    figures = runner.run(measure(config, args.profile))
     if args.json:
         print(json.dumps(asdict(figures)))
     else:

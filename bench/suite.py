@@ -12,7 +12,6 @@ targets say: the table tells which were met.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import sys
 import tempfile
@@ -21,13 +20,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
-import uvloop
-
 from bench import (
     agent_loop,
     model_turn,
     resources,
     roundtrip,
+    runner,
     scale,
     swerex_peer,
     transfer,
@@ -234,9 +232,8 @@ assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES
 def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed options, write the outputs, print the table."""
     settings = quick(args.tmp) if args.quick else full(args.tmp)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        only = frozenset(args.only) if args.only else None
-        report = runner.run(run_suite(settings, only=only))
+    only = frozenset(args.only) if args.only else None
+    report = runner.run(run_suite(settings, only=only))
     written = report.write(Path(args.out), plot=not args.no_plot)
     print(report.to_markdown())
     for path in written:
