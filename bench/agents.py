@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         lease=args.lease,
         launch_concurrency=args.launch_concurrency,
     )
-    report = runner.run(run_agents(config, args.tmp))
+    report = runner.run(run_agents(config, args.tmp), "python -m bench.agents")
     return finish(report, args.json, print_report)
 
 

@@ -222,7 +222,7 @@ def main(args: Sequence[str] | None = None) -> None:
     if options.count < 2:
         parser.error("--count must be at least 2")
     with tempfile.TemporaryDirectory(prefix="bench-cores-", dir=options.dir) as directory:
-        results = runner.run(measure(directory, options.count))
+        results = runner.run(measure(directory, options.count), "python -m bench.cores")
         print(report(results, directory))
 
 

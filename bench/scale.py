@@ -898,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         changes["rate_seconds"] = args.seconds
     if changes:
         config = ScaleConfig(**{**asdict(config), **changes})
-    figures = runner.run(measure(config, args.profile))
+    figures = runner.run(measure(config, args.profile), "python -m bench.scale")
     if args.json:
         print(json.dumps(asdict(figures)))
     else:

@@ -233,7 +233,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed options, write the outputs, print the table."""
     settings = quick(args.tmp) if args.quick else full(args.tmp)
     only = frozenset(args.only) if args.only else None
-    report = runner.run(run_suite(settings, only=only))
+    report = runner.run(run_suite(settings, only=only), "bench")
     written = report.write(Path(args.out), plot=not args.no_plot)
     print(report.to_markdown())
     for path in written:

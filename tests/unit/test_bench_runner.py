@@ -1,4 +1,4 @@
-"""A bench run stopped by SIGTERM or SIGHUP cleans up as one stopped by Ctrl-C does.
+"""A bench run stopped by SIGINT, SIGTERM or SIGHUP runs every ``finally`` block on its way out.
 
 Real processes: a small program on :func:`bench.runner.run`, and the real
 ``python -m bench.scale --quick`` with its real execds, signalled mid-run.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.agents import processes_mentioning
 from tests.support.procs import wait_until_none_mention
 
 PROGRAM = textwrap.dedent(
@@ -32,7 +33,7 @@ PROGRAM = textwrap.dedent(
             with open(sys.argv[1], "w") as handle:
                 handle.write("cleaned up")
 
-    print(runner.run(main()))
+    print(runner.run(main(), "test"))
     """
 )
 
@@ -55,8 +56,8 @@ def test_a_run_that_ends_returns_its_value(tmp_path: Path) -> None:
     assert (proc.returncode, out, done.read_text()) == (0, "finished\n", "cleaned up")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_and_sighup_cancel_the_run_and_every_finally_runs(
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_sigint_sigterm_and_sighup_cancel_the_run_and_every_finally_runs(
     tmp_path: Path, signum: int
 ) -> None:
     proc, done = start(tmp_path, 60)
@@ -65,19 +66,9 @@ def test_sigterm_and_sighup_cancel_the_run_and_every_finally_runs(
     assert (proc.returncode, out, done.read_text()) == (128 + signum, "", "cleaned up")
 
 
-def _execds_of(directory: Path) -> list[int]:
-    """Pids of execds whose token file lies under ``directory``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"execd" in argv and any(arg.startswith(str(directory).encode()) for arg in argv):
-            pids.append(int(entry))
-    return pids
+def _execds_of(directory: Path) -> list[str]:
+    """The execds whose environment or arguments name ``directory``."""
+    return [p for p in processes_mentioning(str(directory)) if " -m execd " in p]
 
 
 @pytest.mark.slow
