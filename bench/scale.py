@@ -634,6 +634,39 @@ def _single(key: str, section: str, label: str, unit: str, value: float, **kw: A
     return Row(key=key, section=section, label=label, unit=unit, p50=value, p99=value, n=1, **kw)
 
 
+def _rate_row(
+    key: str,
+    section: str,
+    label: str,
+    rate: RateFigures,
+    *,
+    baselines: tuple[str, ...],
+    short: str = "",
+    note: str = "",
+    **extra: float,
+) -> Row:
+    """The per-call latency row of one open-loop phase; ``extra`` joins its usual figures."""
+    return Row(
+        key=key,
+        section=section,
+        label=label,
+        short=short,
+        unit="us",
+        p50=rate.p50_us,
+        p99=rate.p99_us,
+        n=rate.calls,
+        baselines=baselines,
+        note=note,
+        extra={
+            "offered_per_s": rate.offered,
+            "achieved_per_s": rate.calls / rate.seconds,
+            "cores_used": rate.cores_used,
+            **extra,
+            **{f"p50_{k}_us": v for k, v in rate.p50_by_kind.items()},
+        },
+    )
+
+
 def rows_from(f: ScaleFigures) -> list[Row]:
     """Table rows (with targets) from one measurement."""
     section = SECTION.format(sessions=f.sessions, execds=f.execds)
@@ -721,69 +754,42 @@ def rows_from(f: ScaleFigures) -> list[Row]:
     half = f.cores / 2
     for key, alone in zip(RATE_KEYS, f.one, strict=True):
         rows.append(
-            Row(
-                key=f"scale.one_{key}",
-                section=section,
-                label=f"per-call latency, one session, open loop at {alone.offered:g} calls/s",
+            _rate_row(
+                f"scale.one_{key}",
+                section,
+                f"per-call latency, one session, open loop at {alone.offered:g} calls/s",
+                alone,
                 short=f"one session at {alone.offered:g}/s",
-                unit="us",
-                p50=alone.p50_us,
-                p99=alone.p99_us,
-                n=alone.calls,
                 baselines=("scale.latency_single",),
-                extra={
-                    "offered_per_s": alone.offered,
-                    "achieved_per_s": alone.calls / alone.seconds,
-                    "cores_used": alone.cores_used,
-                    "issue_lag_p99_us": alone.lag_p99_us,
-                    **{f"p50_{k}_us": v for k, v in alone.p50_by_kind.items()},
-                },
+                issue_lag_p99_us=alone.lag_p99_us,
             )
         )
     for key, apart_rate in zip(RATE_KEYS, f.spread, strict=True):
         rows.append(
-            Row(
-                key=f"scale.spread_{key}",
-                section=section,
-                label=f"per-call latency, {apart}, open loop at {apart_rate.offered:g} calls/s",
+            _rate_row(
+                f"scale.spread_{key}",
+                section,
+                f"per-call latency, {apart}, open loop at {apart_rate.offered:g} calls/s",
+                apart_rate,
                 short=f"one per execd at {apart_rate.offered:g}/s",
-                unit="us",
-                p50=apart_rate.p50_us,
-                p99=apart_rate.p99_us,
-                n=apart_rate.calls,
                 baselines=(f"scale.one_{key}",),
-                extra={
-                    "offered_per_s": apart_rate.offered,
-                    "achieved_per_s": apart_rate.calls / apart_rate.seconds,
-                    "cores_used": apart_rate.cores_used,
-                    "harness_cpu_us_per_call": apart_rate.harness_cpu_us_per_call,
-                    **{f"p50_{k}_us": v for k, v in apart_rate.p50_by_kind.items()},
-                },
+                harness_cpu_us_per_call=apart_rate.harness_cpu_us_per_call,
             )
         )
     for key, alone, rate in zip(RATE_KEYS, f.one, f.many, strict=True):
-        row = Row(
-            key=f"scale.open_{key}",
-            section=section,
-            label=f"per-call latency, {n} sessions, open loop at {rate.offered:g} calls/s",
-            unit="us",
-            p50=rate.p50_us,
-            p99=rate.p99_us,
-            n=rate.calls,
+        row = _rate_row(
+            f"scale.open_{key}",
+            section,
+            f"per-call latency, {n} sessions, open loop at {rate.offered:g} calls/s",
+            rate,
             baselines=(f"scale.one_{key}", "scale.latency_single", f"scale.spread_{key}"),
             note=f"our processes used {rate.cores_used:.2f} of {f.cores} cores",
-            extra={
-                "offered_per_s": rate.offered,
-                "achieved_per_s": rate.calls / rate.seconds,
-                "cores_used": rate.cores_used,
-                "harness_cores": rate.harness_cores,
-                "machine_busy_cores": rate.machine_busy_cores,
-                "harness_cpu_us_per_call": rate.harness_cpu_us_per_call,
-                "issue_lag_p99_us": rate.lag_p99_us,
-                "one_session_p50_us": alone.p50_us,
-                "one_session_p99_us": alone.p99_us,
-                **{f"p50_{k}_us": v for k, v in rate.p50_by_kind.items()},
-            },
+            harness_cores=rate.harness_cores,
+            machine_busy_cores=rate.machine_busy_cores,
+            harness_cpu_us_per_call=rate.harness_cpu_us_per_call,
+            issue_lag_p99_us=rate.lag_p99_us,
+            one_session_p50_us=alone.p50_us,
+            one_session_p99_us=alone.p99_us,
         )
         if rate.cores_used < half:
             row.target = Target(
