@@ -36,11 +36,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import msgspec
-
 from bench import runner
 from bench.execd_proc import start_execd
-from bench.floor import connect_floor, write_fsync_rename
+from bench.floor import connect_floor, write_fsync_rename, write_params
 from bench.placement import placed
 from bench.servers import start_server
 from bench.settings import HOST
@@ -48,8 +46,6 @@ from bench.stats import Call, interleaved
 
 SIZE = 4096
 """Bytes of each atomic write (the size of section 4's target row)."""
-_TRUE = msgspec.Raw(msgspec.msgpack.encode(["true"]))
-_SPAWN_RESULT = msgspec.msgpack.Decoder(tuple[int, bytes, bytes])
 
 
 def placements(cores: Sequence[int]) -> list[tuple[int, int]]:
@@ -115,9 +111,7 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
     data = os.urandom(SIZE)
     remote_path = os.path.join(directory, "cores-execd.bin")
     local_path = os.path.join(directory, "cores-local.bin")
-    server_params = msgspec.Raw(
-        msgspec.msgpack.encode((os.path.join(directory, "cores-server.bin"), data))
-    )
+    server_params = write_params(os.path.join(directory, "cores-server.bin"), data)
     results: dict[tuple[int, int], dict[str, float]] = {}
     async with start_execd(directory) as execd, start_server("raw") as raw:
         client = await execd.connect()
@@ -129,12 +123,6 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
 
             async def server_atomic() -> object:
                 return await server.call("write", server_params)
-
-            async def server_true() -> object:
-                exit_code, _, _ = _SPAWN_RESULT.decode(await server.call("spawn", _TRUE))
-                if exit_code != 0:
-                    raise RuntimeError(f"true exited with {exit_code} in the floor server")
-                return exit_code
 
             async def atomic() -> object:
                 return await client.write_file(remote_path, data)
@@ -163,7 +151,7 @@ async def measure(directory: str, count: int) -> dict[tuple[int, int], dict[str,
                 "server_atomic": server_atomic,
                 "true": true,
                 "local_true": local_true,
-                "server_true": server_true,
+                "server_true": server.spawn_true,
             }
             cores = sorted(os.sched_getaffinity(0))
             for client_core, server_core in placements(cores):

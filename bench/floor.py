@@ -125,6 +125,8 @@ def write_fsync_rename(path: str, data: bytes, *, sync_directory: bool = False) 
 
 _WRITE_PARAMS: Final = msgspec.msgpack.Decoder(tuple[str, bytes])
 _ARGV: Final = msgspec.msgpack.Decoder(list[str])
+_TRUE: Final = msgspec.Raw(_ENCODER.encode(["true"]))
+_SPAWN_RESULT: Final = msgspec.msgpack.Decoder(tuple[int, bytes, bytes])
 
 
 class _Run:
@@ -275,6 +277,17 @@ class FloorClient(asyncio.Protocol):
         """Close the connection."""
         if self._transport is not None:
             self._transport.close()
+
+    async def spawn_true(self) -> None:
+        """The server's ``spawn`` of ``true``; RuntimeError unless it exited with 0."""
+        exit_code, _, _ = _SPAWN_RESULT.decode(await self.call("spawn", _TRUE))
+        if exit_code != 0:
+            raise RuntimeError(f"true exited with {exit_code} in the floor server")
+
+
+def write_params(path: str, data: bytes) -> msgspec.Raw:
+    """The params of the server's ``write`` of ``data`` to ``path`` (encoded once, reused)."""
+    return msgspec.Raw(_ENCODER.encode((path, data)))
 
 
 async def connect_floor(host: str, port: int) -> FloorClient:

@@ -61,7 +61,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from bench.env import Env
-from bench.floor import connect_bulk, connect_floor, write_fsync_rename
+from bench.floor import connect_bulk, connect_floor, write_fsync_rename, write_params
 from bench.placement import one_core_rows, pinned
 from bench.report import Row, Target
 from bench.settings import HOST, MIB, size_label
@@ -175,9 +175,7 @@ async def run(env: Env) -> list[Row]:
                     write_fsync_rename(local, data, sync_directory=True)
                     return None
 
-                floor_params = msgspec.Raw(
-                    msgspec.msgpack.encode((env.path("transfer-floor-server.bin"), data))
-                )
+                floor_params = write_params(env.path("transfer-floor-server.bin"), data)
 
                 async def floor_atomic(params: msgspec.Raw = floor_params) -> object:
                     return await floor_server.call("write", params)

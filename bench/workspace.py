@@ -28,8 +28,6 @@ import os
 import subprocess
 import time
 
-import msgspec
-
 from bench import watch_latency
 from bench.env import Env
 from bench.execd_proc import start_execd, time_interpreter_start
@@ -47,9 +45,6 @@ WATCH_TARGET_MS = 5.0
 COLD_START_TARGET = 1.3
 #: What any uvloop daemon speaking msgpack imports before it can listen.
 STARTUP_IMPORTS = "asyncio, uvloop, msgspec"
-
-_TRUE = msgspec.Raw(msgspec.msgpack.encode(["true"]))
-_FLOOR_RESULT = msgspec.msgpack.Decoder(tuple[int, bytes, bytes])
 
 
 async def spawn_rows(env: Env) -> list[Row]:
@@ -75,15 +70,9 @@ async def spawn_rows(env: Env) -> list[Row]:
                 ["true"], stdin=subprocess.DEVNULL, capture_output=True, check=False
             )
 
-        async def floor_spawn() -> object:
-            exit_code, _, _ = _FLOOR_RESULT.decode(await floor_server.call("spawn", _TRUE))
-            if exit_code != 0:
-                raise RuntimeError(f"true exited with {exit_code} in the floor server")
-            return exit_code
-
         approaches: dict[str, Call] = {
             "local": local,
-            "floor": floor_spawn,
+            "floor": floor_server.spawn_true,
             "execd": remote,
             "execd_cwd": remote_cwd,
         }
