@@ -1,6 +1,6 @@
 """The typed user API of the client: one method per execd RPC.
 
-:class:`ExecdClient` is what :func:`harnessd.client.connect` returns. Methods
+:class:`ExecdClient` is what :func:`connect` returns. Methods
 that move bytes (command output, file content, ledger entries) stream them in
 flow-controlled chunks, so neither side holds more than a window at a time.
 """

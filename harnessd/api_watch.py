@@ -36,7 +36,7 @@ class WatchClient(Client):
         debounce: float = 0.0,
         follow: bool = True,
     ) -> PathWatch:
-        """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
+        """Subscribe to changes under ``path``; iterate the returned :class:`~harnessd.api_watch.PathWatch`."""
         params = watch_rpc.SUBSCRIBE.params_from(locals())
         result = await self.call(watch_rpc.SUBSCRIBE, params)
         return PathWatch(self, result)

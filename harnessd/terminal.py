@@ -185,7 +185,7 @@ class Terminal:
 
 
 class TerminalsClient(Client):
-    """``terminal.*`` methods (a base of :class:`harnessd.rpc.ExecdClient`)."""
+    """``terminal.*`` methods (a base of :class:`harnessd.api.ExecdClient`)."""
 
     async def open_terminal(
         self,
@@ -204,7 +204,7 @@ class TerminalsClient(Client):
         return Terminal(self, await self.call(rpc.OPEN, params))
 
     def attach_terminal(self, terminal_id: str) -> Terminal:
-        """A :class:`Terminal` for one opened earlier (by this or another connection)."""
+        """A :class:`~harnessd.terminal.Terminal` for one opened earlier (by this or another connection)."""
         info = rpc.TerminalInfo(
             terminal_id=terminal_id, pid=0, tty="", title="", state="running", rows=0, cols=0
         )

@@ -20,7 +20,7 @@ the rest of the body itself, so its bytes are copied by the kernel only;
 otherwise it is a small scratch area. Complete frames are taken straight out
 of the scratch area (one copy, into the body handed out); the bytes of an
 incomplete frame at its end are copied into the reader's own buffer when
-:meth:`FrameReader.next_frame` reaches them, as by :meth:`feed`. The scratch
+:meth:`FrameReader.next_frame` reaches them, as by :meth:`FrameReader.feed`. The scratch
 area belongs to the thread, not to the reader: the caller takes frames until
 :meth:`FrameReader.next_frame` returns None before any other reader on the
 thread is asked for a buffer (an event loop receives on one transport at a

@@ -57,6 +57,7 @@ LIMIT_NAMES: Final[tuple[LimitName, ...]] = (
     "open_files",
 )
 Mechanism = Literal["cgroup-v2", "cgroup-v1", "rlimit", "unavailable"]
+"""How execd enforces one limit."""
 
 _SIZE_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

@@ -104,6 +104,7 @@ MAX_LOG_READ: Final = 4 * 1024 * 1024
 """Most log bytes one non-following ``services.logs`` returns."""
 
 MAX_LOG_LINES: Final = 1_000_000
+#: Lines of log ``services.logs`` returns when none are asked for.
 DEFAULT_LOG_LINES: Final = 100
 DEFAULT_PROBE_TIMEOUT: Final = 30.0
 DEFAULT_PROBE_INTERVAL: Final = 0.1

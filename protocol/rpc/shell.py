@@ -31,8 +31,11 @@ import msgspec
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
 
+#: The stream of a command's standard output.
 STDOUT_STREAM: Final = "stdout"
+#: The stream of a command's standard error.
 STDERR_STREAM: Final = "stderr"
+#: The stream the client sends a command's standard input on.
 STDIN_STREAM: Final = "stdin"
 
 MAX_ARGV: Final = 4096

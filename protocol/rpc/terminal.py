@@ -43,6 +43,7 @@ from protocol.rpc.shell import (
     Seconds,
 )
 
+#: The stream of what the program on the terminal writes.
 OUTPUT_STREAM: Final = "output"
 
 MAX_SEND: Final = 1024 * 1024
