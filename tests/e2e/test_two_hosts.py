@@ -383,7 +383,7 @@ def test_workspace_example_across_namespaces(
     worker_python: WorkerPython,
     workspace_root: Path,
 ) -> None:
-    """examples/workspace.py as the README runs it for a network namespace."""
+    """examples/workspace.py as docs/runtime.md runs it for a network namespace."""
     clean_env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(workspace_root),

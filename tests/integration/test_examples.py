@@ -87,7 +87,7 @@ def test_connect_to_a_running_execd(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_rollouts(tmp_path: Path) -> None:
-    """The README's Ray example: a local Ray cluster, two actors, eight rollouts, nothing left."""
+    """The Ray example of docs/scale.md: a local Ray cluster, two actors, eight rollouts, nothing left."""
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
     # Ray keeps its sockets under its temporary directory: the path must stay short.
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
@@ -109,7 +109,7 @@ def test_ray_rollouts(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_verifiers_runtime(tmp_path: Path) -> None:
-    """The README's verifiers example: files, a command, a background server, a capped read."""
+    """The example of docs/verifiers.md: files, a command, a background server, a capped read."""
     pytest.importorskip(
         "verifiers", reason="the verifiers extra is not installed (pip install -e '.[verifiers]')"
     )
