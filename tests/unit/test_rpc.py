@@ -17,7 +17,8 @@ import pytest
 
 import harnessd
 import protocol
-from protocol.rpc import Schema, all_rpcs
+from protocol.rpc import Schema, all_rpcs, files, watch
+from protocol.rpc import types as rpc_types
 from protocol.rpc.resources import parse_bytes
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
@@ -74,6 +75,33 @@ def test_every_schema_has_the_one_configuration() -> None:
             assert issubclass(kind, Schema), kind
             config = kind.__struct_config__
             assert config.omit_defaults and not config.forbid_unknown_fields
+
+
+#: Fields that name a path in the workspace, whatever the method.
+PATH_FIELDS = frozenset({"path", "src", "dst", "cwd", "log"})
+
+
+def test_every_path_field_has_the_one_path_bound() -> None:
+    checked = 0
+    for rpc in all_rpcs():
+        if not isinstance(rpc.params, type) or not issubclass(rpc.params, Schema):
+            continue
+        hints = typing.get_type_hints(rpc.params, include_extras=True)
+        for name in PATH_FIELDS & set(hints):
+            hint = hints[name]
+            if typing.get_origin(hint) in (typing.Union, types.UnionType):
+                (hint,) = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+            assert hint == rpc_types.PathStr, (rpc.name, name, hints[name])
+            checked += 1
+    assert checked >= 15
+
+
+@pytest.mark.parametrize("path", ["", "x" * (rpc_types.MAX_PATH + 1)])
+def test_a_path_out_of_bounds_does_not_decode(path: str) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"path": path}, files.StatParams)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"path": path}, watch.SubscribeParams)
 
 
 @pytest.mark.parametrize(
