@@ -34,17 +34,7 @@ from dataclasses import dataclass
 
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient, connect
-from harnessd.cli_common import (
-    USAGE,
-    UsageError,
-    count,
-    non_negative,
-    port_number,
-    positive_int,
-    positive_seconds,
-    run_session,
-    say,
-)
+from harnessd.cli_common import USAGE, UsageError, run_session, say
 from harnessd.demo import TranscriptPrinter, demo_model, run_demo
 from harnessd.errors import RemoteError
 from harnessd.launcher import DEFAULT_LEASE, Session, serve
@@ -58,9 +48,16 @@ from harnessd.openai_model import (
 from harnessd.progress import Progress
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.token import read_token
 from harnessd.tools import ToolConfig
 from harnessd.trace import Listener, Trace
+from protocol.values import (
+    count,
+    non_negative,
+    port_number,
+    positive_int,
+    positive_seconds,
+    read_token,
+)
 
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -331,7 +328,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
 
 def _token(path: str | None) -> bytes:
     try:
-        return read_token(path)
+        return read_token(path, os.environ)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -33,18 +33,18 @@ from typing import Any
 import msgspec
 
 from harnessd.api import RunningCommand, connect
-from harnessd.cli_common import (
-    STOP_SIGNALS,
-    USAGE,
+from harnessd.cli_common import STOP_SIGNALS, USAGE, say, silence_stdout
+from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
+from protocol.rpc.resources import LIMIT_NAMES
+from protocol.rpc.shell import RunResult
+from protocol.values import (
+    LIMIT_OPTIONS,
+    from_options,
+    option_name,
     port_number,
     positive_seconds,
-    say,
-    silence_stdout,
+    read_token,
 )
-from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
-from harnessd.token import read_token
-from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
-from protocol.rpc.shell import RunResult
 
 STDIN_BLOCK = 64 * 1024
 PROG = "harnessd exec"
@@ -178,7 +178,7 @@ async def run_exec(args: argparse.Namespace) -> int:
         say(f"{PROG}: invalid limit: {exc} (see {PROG} --help)")
         return USAGE
     try:
-        token = read_token(args.token_file)
+        token = read_token(args.token_file, os.environ)
     except ValueError as exc:
         say(f"{PROG}: {exc}")
         return USAGE

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from execd.marker import child_environment, find_marked, new_marker
+from execd.marker import child_environment, find_marked
+from protocol.values import new_marker
 from tests.conftest import eventually_blocking
 from tests.e2e.netns import (
     HostsUnavailable,

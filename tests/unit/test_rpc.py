@@ -19,7 +19,6 @@ import harnessd
 import protocol
 from protocol.rpc import Schema, all_rpcs, files, watch
 from protocol.rpc import types as rpc_types
-from protocol.rpc.resources import parse_bytes
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
 WIRE_NAMES = {type(None): "nil", bytes: "bin"}
@@ -102,28 +101,6 @@ def test_a_path_out_of_bounds_does_not_decode(path: str) -> None:
         msgspec.convert({"path": path}, files.StatParams)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"path": path}, watch.SubscribeParams)
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("1048576", 1 << 20),
-        ("512K", 512 << 10),
-        ("256M", 256 << 20),
-        ("2GiB", 2 << 30),
-        ("1g", 1 << 30),
-        ("64MB", 64 << 20),
-        ("0", 0),
-    ],
-)
-def test_limit_options_take_byte_counts_with_binary_suffixes(text: str, value: int) -> None:
-    assert parse_bytes(text) == value
-
-
-@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1", "12X", "1KK", "0x10"])
-def test_limit_options_refuse_what_is_not_a_byte_count(text: str) -> None:
-    with pytest.raises(ValueError, match="not a byte count"):
-        parse_bytes(text)
 
 
 def _plain(kind: object) -> object:
