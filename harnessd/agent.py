@@ -67,7 +67,8 @@ from harnessd.models import (
     ToolCall,
     calling,
 )
-from harnessd.tools import Toolbox, ToolConfig, ToolResult
+from harnessd.toolbox import Toolbox, ToolConfig, ToolResult
+from harnessd.tools import TOOLS
 from harnessd.trace import Trace
 
 ToolOrder = Literal["concurrent", "in_order"]
@@ -219,6 +220,7 @@ class AgentSession:
         self.toolbox = Toolbox(
             self.client,
             tools,
+            toolset=TOOLS,
             session_prefix=tool_prefix,
             on_output=self._live_output if live_output else None,
         )

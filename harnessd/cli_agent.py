@@ -48,7 +48,7 @@ from harnessd.openai_model import (
 from harnessd.progress import Progress
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Listener, Trace
 from protocol.values import (
     count,

@@ -609,7 +609,7 @@ async def _harness_side(cfg: HarnessConfig) -> dict[str, Any]:
     from harnessd.launcher import serve
     from harnessd.runtime import CommandPrefixRuntime
     from harnessd.scripted_model import ScriptedModel
-    from harnessd.tools import ToolConfig
+    from harnessd.toolbox import ToolConfig
 
     secret = os.environ[SECRET_VAR]
     facts: dict[str, Any] = {}
