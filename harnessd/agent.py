@@ -67,7 +67,7 @@ from harnessd.models import (
     ToolCall,
     calling,
 )
-from harnessd.toolbox import Toolbox, ToolConfig, ToolResult
+from harnessd.toolbox import Toolbox, ToolConfig, ToolResult, ToolSet
 from harnessd.tools import TOOLS
 from harnessd.trace import Trace
 
@@ -186,7 +186,10 @@ class AgentSession:
     give the new client (e.g. ``session.reconnect``). ``batch_bytes``: the
     ledger batch budget (default: half the peer's frame cap). ``tool_prefix``:
     prepended to the names of services and shell sessions the tools create,
-    for sessions sharing one execd. ``system_prompt``: None for
+    for sessions sharing one execd. ``tools``: the tools' knobs;
+    ``toolset``: the tools offered (default :data:`harnessd.tools.TOOLS`;
+    ``ToolSet(TOOLS, mine)`` adds tools of your own, see
+    :mod:`harnessd.toolbox`). ``system_prompt``: None for
     :func:`default_system_prompt`. ``tool_order``: how one turn's tool calls
     run (see the module docstring). ``live_output``: stream shell output to
     the trace's listeners as ``tool_output`` notifications. One instance
@@ -202,6 +205,7 @@ class AgentSession:
         system_prompt: str | None = None,
         limits: AgentLimits | None = None,
         tools: ToolConfig | None = None,
+        toolset: ToolSet | None = None,
         trace: Trace | None = None,
         reconnect: Callable[[], Awaitable[object]] | None = None,
         batch_bytes: int | None = None,
@@ -230,7 +234,7 @@ class AgentSession:
         self.toolbox = Toolbox(
             self.client,
             tools,
-            toolset=TOOLS,
+            toolset=toolset if toolset is not None else TOOLS,
             session_prefix=tool_prefix,
             on_output=self._live_output if live_output else None,
         )
