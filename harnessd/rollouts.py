@@ -38,7 +38,7 @@ from harnessd.models import Model
 from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import PacedModel, ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 
 # -- errors ------------------------------------------------------------------------------

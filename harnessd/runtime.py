@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from harnessd.errors import HarnessError
-from harnessd.token import TOKEN_VAR
+from protocol.values import TOKEN_VAR
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 """Default cap on the bytes kept from each output stream of :meth:`Runtime.run`."""

@@ -200,7 +200,16 @@ class TerminalsClient(Client):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> Terminal:
         """Start ``argv`` (or ``command`` through ``/bin/sh -c``) on a new terminal."""
-        params = rpc.OPEN.params_from(locals(), limits=as_limits(limits))
+        params = rpc.OpenParams(
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            unset=unset,
+            rows=rows,
+            cols=cols,
+            limits=as_limits(limits),
+        )
         return Terminal(self, await self.call(rpc.OPEN, params))
 
     def attach_terminal(self, terminal_id: str) -> Terminal:

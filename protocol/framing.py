@@ -231,22 +231,9 @@ class FrameReader:
         end = start + length
         if len(buf) < end:
             if length >= _PREALLOCATE_AT:
-                # Allocate the whole body once and fill it as bytes arrive,
-                # instead of growing the buffer (and copying it) many times.
-                have = len(buf) - start
-                spare = self._spare
-                if spare is not None and len(spare) == length:
-                    # Every byte of it is overwritten before it is handed out.
-                    body, self._spare = spare, None
-                else:
-                    body = bytearray(length)
-                body[:have] = memoryview(buf)[start:]
-                self._body = body
-                self._filled = have
-                buf.clear()
-                self._pos = 0
-                return None
-            self._maybe_compact()
+                self._start_body(start, length)
+            else:
+                self._maybe_compact()
             return None
         with memoryview(buf) as view:
             frame = bytes(view[start:end])
@@ -256,6 +243,27 @@ class FrameReader:
         else:
             self._pos = end
         return frame
+
+    def _start_body(self, start: int, length: int) -> None:
+        """Give the large body that begins at ``start`` of the buffer its own bytearray.
+
+        The whole body is allocated once and filled as bytes arrive
+        (:meth:`feed` copies straight into it), instead of the buffer growing
+        (and being copied) many times.
+        """
+        buf = self._buf
+        have = len(buf) - start
+        spare = self._spare
+        if spare is not None and len(spare) == length:
+            # Every byte of it is overwritten before it is handed out.
+            body, self._spare = spare, None
+        else:
+            body = bytearray(length)
+        body[:have] = memoryview(buf)[start:]
+        self._body = body
+        self._filled = have
+        buf.clear()
+        self._pos = 0
 
     def _maybe_compact(self) -> None:
         if self._pos >= _COMPACT_AT or (self._pos and self._pos * 2 >= len(self._buf)):

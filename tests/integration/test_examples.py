@@ -43,6 +43,16 @@ def test_quickstart(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the quick start leaves nothing in its directory"
 
 
+def test_custom_tool(tmp_path: Path) -> None:
+    done = run_example("custom_tool.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("write_file: wrote 21 bytes to "), lines
+    assert lines[1].startswith("count_lines: 2 lines of ") and lines[1].endswith("'fox'"), lines
+    assert lines[2:] == ["answer: Two lines mention a fox."]
+    assert list(tmp_path.iterdir()) == [], "the example leaves nothing in its directory"
+
+
 def test_workspace_through_a_local_prefix(tmp_path: Path) -> None:
     script = 'echo out; echo err >&2; test -n "$EXECD_MARKER" && pwd; exit 3'
     done = run_example(
