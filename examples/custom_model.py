@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import harnessd
 from harnessd.agent import AgentLimits, AgentSession
 from harnessd.models import AssistantTurn, ChatMessage, ModelError, ToolCall, ToolSpec
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 
 
 async def policy(transcript: str) -> str:

@@ -21,6 +21,8 @@ extensions = ["sphinx.ext.autodoc", "sphinxarg.ext"]
 nitpicky = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Aliases a signature shows by name, resolved to where they are declared.
+autodoc_type_aliases = {"LimitName": "protocol.rpc.resources.LimitName"}
 html_theme = "alabaster"
 html_static_path: list[str] = []
 

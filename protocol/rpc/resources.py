@@ -49,6 +49,7 @@ import msgspec
 from protocol.rpc import Schema
 
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
+"""The resource limits a command can be given."""
 LIMIT_NAMES: Final[tuple[LimitName, ...]] = (
     "memory",
     "cpu",
