@@ -12,77 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from protocol.fuzz import script as s
 from protocol.fuzz.cases import Case, Facts, Group, alive, bin_, call, expect, post, pre
-from protocol.rpc import Rpc, all_rpcs
-
-#: Values tried, in order, as a field's wrong type: the first its type refuses is used.
-_WRONG: tuple[Any, ...] = ({"zz": 1}, [[1]], "x", 12345, True)
-
-
-def _fields(rpc: Rpc[Any, Any]) -> list[msgspec.inspect.Field]:
-    info = msgspec.inspect.type_info(rpc.params)
-    return list(info.fields) if isinstance(info, msgspec.inspect.StructType) else []
-
-
-def _refused(value: Any, field_type: msgspec.inspect.Type) -> bool:
-    return isinstance(field_type, msgspec.inspect.AnyType) is False and _rejects(value, field_type)
-
-
-def _rejects(value: Any, field_type: msgspec.inspect.Type) -> bool:
-    if isinstance(field_type, msgspec.inspect.UnionType):
-        return all(_rejects(value, t) for t in field_type.types)
-    kinds: dict[type[msgspec.inspect.Type], tuple[type, ...]] = {
-        msgspec.inspect.StrType: (str,),
-        msgspec.inspect.IntType: (int,),
-        msgspec.inspect.FloatType: (int, float),
-        msgspec.inspect.BoolType: (bool,),
-        msgspec.inspect.BytesType: (),
-        msgspec.inspect.NoneType: (),
-        msgspec.inspect.ListType: (list,),
-        msgspec.inspect.DictType: (dict,),
-        msgspec.inspect.StructType: (dict,),
-        msgspec.inspect.LiteralType: (),
-    }
-    accepted = kinds.get(type(field_type))
-    if accepted is None:
-        return False  # a type this derivation does not know: not a safe wrong value
-    if isinstance(value, bool) and bool not in accepted:
-        return True
-    return not isinstance(value, accepted)
-
-
-def _out_of_bounds(field_type: msgspec.inspect.Type) -> Any:
-    """A value of the field's own type just outside its declared bounds, or None."""
-    types = field_type.types if isinstance(field_type, msgspec.inspect.UnionType) else (field_type,)
-    for t in types:
-        if isinstance(t, msgspec.inspect.IntType):
-            if t.le is not None:
-                return t.le + 1
-            if t.ge is not None:
-                return t.ge - 1
-        if isinstance(t, msgspec.inspect.FloatType):
-            if t.le is not None:
-                return t.le * 2 + 1.0
-            if t.ge is not None:
-                return t.ge - 1.0
-        if isinstance(t, msgspec.inspect.StrType):
-            if t.max_length is not None and t.max_length <= 1 << 16:
-                return "x" * (t.max_length + 1)
-            if t.min_length:
-                return ""
-            if t.pattern is not None:
-                return " /bad name/ "
-        if isinstance(t, msgspec.inspect.BytesType):
-            if t.max_length is not None and t.max_length <= 1 << 16:
-                return bin_(bytes(t.max_length + 1))
-            if t.min_length:
-                return bin_(b"")
-        if isinstance(t, msgspec.inspect.LiteralType):
-            return "not-one-of-them"
-    return None
+from protocol.fuzz.schema import refused_params
+from protocol.fuzz.script import to_json_value
+from protocol.rpc import all_rpcs
 
 
 def _refuses(method: str, params: Any) -> s.Script:
@@ -91,59 +25,28 @@ def _refuses(method: str, params: Any) -> s.Script:
     )
 
 
+_WHAT = {
+    "not-a-map": ("params not a map", "whose params are the array [1]"),
+    "missing": ("required params missing", "with empty params"),
+    "type": ("{field} of the wrong type", "whose {field} is of another type"),
+    "bounds": ("{field} out of bounds", "whose {field} is just outside its declared bounds"),
+}
+
+
 def _method_cases(g: Group) -> None:
     for rpc in all_rpcs():
-        fields = _fields(rpc)
-        methods = (rpc.name,)
-        g.add(
-            "15.1",
-            f"{rpc.name}: params not a map",
-            f"a {rpc.name} Call whose params are the array [1]",
-            "Error INVALID_PARAMS (101), the connection lives",
-            _refuses(rpc.name, [1]),
-            methods=methods,
-            name=f"{rpc.name}/not-a-map",
-        )
-        required = [f for f in fields if f.required]
-        if required:
+        for name, params in refused_params(rpc):
+            kind, _, field = ("not-a-map", "", "") if name == "not-a-map" else name.partition("-")
+            title, sends = (text.format(field=field) for text in _WHAT[kind])
             g.add(
                 "15.1",
-                f"{rpc.name}: required params missing",
-                f"a {rpc.name} Call with empty params (it requires "
-                f"{', '.join(f.encode_name for f in required)})",
+                f"{rpc.name}: {title}",
+                f"a {rpc.name} Call {sends}",
                 "Error INVALID_PARAMS (101), the connection lives",
-                _refuses(rpc.name, {}),
-                methods=methods,
-                name=f"{rpc.name}/missing",
+                _refuses(rpc.name, to_json_value(params)),
+                methods=(rpc.name,),
+                name=f"{rpc.name}/{name}",
             )
-        for field in fields:
-            wrong = next((v for v in _WRONG if _refused(v, field.type)), None)
-            if wrong is None:
-                continue
-            g.add(
-                "15.1",
-                f"{rpc.name}: {field.encode_name} of the wrong type",
-                f"a {rpc.name} Call whose {field.encode_name} is {wrong!r}",
-                "Error INVALID_PARAMS (101), the connection lives",
-                _refuses(rpc.name, {field.encode_name: wrong}),
-                methods=methods,
-                name=f"{rpc.name}/type-{field.encode_name}",
-            )
-            break
-        for field in fields:
-            bad = _out_of_bounds(field.type)
-            if bad is None:
-                continue
-            g.add(
-                "15.1",
-                f"{rpc.name}: {field.encode_name} out of bounds",
-                f"a {rpc.name} Call whose {field.encode_name} is just outside its bounds",
-                "Error INVALID_PARAMS (101), the connection lives",
-                _refuses(rpc.name, {field.encode_name: bad}),
-                methods=methods,
-                name=f"{rpc.name}/bounds-{field.encode_name}",
-            )
-            break
 
 
 def _section15() -> Group:
