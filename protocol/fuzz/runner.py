@@ -228,10 +228,11 @@ class Runner:
     def judge(self, script: s.Script, confirm: bool = True) -> Outcome:
         """Run ``script``, then the checks after it; the outcome holds both."""
         outcome = Session(self.target, self.token, self.options.timeout).run(script)
-        self._after(outcome, script, confirm)
+        self.check_after(outcome, script, confirm)
         return outcome
 
-    def _after(self, outcome: Outcome, script: s.Script, confirm: bool) -> None:
+    def check_after(self, outcome: Outcome, script: s.Script, confirm: bool = True) -> None:
+        """The checks after a script: health, and locally descriptors, memory, marked processes."""
         problem = health(self.target, self.token, self.options.health_timeout)
         if problem is not None:
             outcome.add(-1, FAIL, f"after the case: {problem}")
