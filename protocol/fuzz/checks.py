@@ -25,6 +25,8 @@ from protocol.fuzz.interpreter import PASS, Session
 from protocol.fuzz.link import Target
 
 _LISTEN: Final = "0A"
+#: Seconds a descriptor count above the baseline must hold still to be taken as it is.
+STEADY: Final = 0.25
 _ENVIRON_CAP: Final = 1 << 20
 
 
@@ -128,12 +130,21 @@ class LocalServer:
         return Usage(descriptors, rss)
 
     def settle(self, seconds: float) -> Usage:
-        """Usage once descriptors are back to the baseline, or after ``seconds``."""
+        """Usage once descriptors are back to the baseline, or steady above it, or after ``seconds``.
+
+        Steady: the same count for :data:`STEADY` seconds (the server has had
+        the time to close the connections of the case).
+        """
         deadline = time.monotonic() + seconds
+        since, last = time.monotonic(), -1
         while True:
             now = self.usage()
             base = self.baseline
             if base is None or now.descriptors <= base.descriptors or time.monotonic() > deadline:
+                return now
+            if now.descriptors != last:
+                since, last = time.monotonic(), now.descriptors
+            elif time.monotonic() - since >= STEADY:
                 return now
             time.sleep(0.02)
 

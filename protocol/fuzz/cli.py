@@ -76,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bound on serving a healthy client after each case (default 5)",
     )
     parser.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="how long a local server may take to close what a case opened (default 3)",
+    )
+    parser.add_argument(
         "--pid",
         type=int,
         default=None,
@@ -173,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
     options = Options(
         timeout=args.timeout,
         health_timeout=args.health_timeout,
+        settle=args.settle,
         pid=args.pid,
         marker=args.marker,
         cases=list(args.cases),
@@ -181,6 +189,9 @@ def main(args: argparse.Namespace) -> int:
         out=args.out,
     )
     launched = None
+    if not args.launch and not target.reachable(args.timeout):
+        print(f"fuzz: cannot connect to {target.name}", file=sys.stderr)
+        return 2
     if args.launch:
         args.out.mkdir(parents=True, exist_ok=True)
         launched = Launched(shlex.split(args.launch), target, args.out / "server.log")

@@ -26,6 +26,7 @@ import msgspec
 
 from protocol import limits
 from protocol.codec import ENCODER
+from protocol.errors import ErrorCode
 from protocol.framing import frame_header
 from protocol.fuzz import script as s
 from protocol.fuzz.link import Target
@@ -345,10 +346,11 @@ def _judge_abort(session: Session, probe: Probe, want: s.AbortWant, deadline: fl
             return NON_STRICT, f"closed without an Abort where Abort {_codes(want.codes)} was due"
         return FAIL, f"no Abort {_codes(want.codes)} and the connection stayed open"
     if abort.code not in want.codes:
-        return (
-            NON_STRICT,
-            f"Abort {abort.code} ({abort.message!r}) where {_codes(want.codes)} was due",
-        )
+        text = f"Abort {abort.code} ({abort.message!r}) where {_codes(want.codes)} was due"
+        if abort.code == ErrorCode.HANDSHAKE_TIMEOUT:
+            # Timing out is not noticing: the violation itself went unanswered.
+            return FAIL, f"no Abort {_codes(want.codes)}: the server only timed out ({text})"
+        return NON_STRICT, text
     if want.message is not None and abort.message != want.message:
         return FAIL, f"the Abort's message is {abort.message!r}, not {want.message!r}"
     probe.wait(lambda: probe.eof, time.monotonic() + session.timeout)

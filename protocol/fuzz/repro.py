@@ -100,22 +100,31 @@ def minimize(
         return runs >= budget or time.monotonic() > deadline
 
     steps = list(script.steps)
+    # A requirement that failed at a step needs everything that led up to it: before it only
+    # other requirements may go. A failure found after the script (a leak, a crash) may come
+    # from any step: any may go.
+    at = [f.step for f in outcome.findings if f.verdict == FAIL]
+    keep_before = min(at) if at and min(at) >= 0 else -1
     changed = True
     while changed and not spent():
         changed = False
         for index in range(len(steps) - 1, -1, -1):
             if spent():
                 break
-            if isinstance(steps[index], s.Connect) and index == 0:
+            step = steps[index]
+            if index < keep_before and not isinstance(step, s.Expect):
+                continue
+            if index == keep_before or (isinstance(step, s.Connect) and index == 0):
                 continue
             candidate = _with(script, steps[:index] + steps[index + 1 :])
             if still_fails(candidate):
                 steps = list(candidate.steps)
+                keep_before -= 1 if index < keep_before else 0
                 changed = True
     for index, step in enumerate(steps):
         if spent():
             break
-        if isinstance(step, s.SendBytes | s.SendBody) and len(step.hex) > 8:
+        if keep_before < 0 and isinstance(step, s.SendBytes | s.SendBody) and len(step.hex) > 8:
             shorter = msgspec.structs.replace(step, hex=step.hex[: len(step.hex) // 4 * 2])
             candidate = _with(script, [*steps[:index], shorter, *steps[index + 1 :]])
             if still_fails(candidate):

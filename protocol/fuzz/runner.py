@@ -92,6 +92,8 @@ class Runner:
         self.local: LocalServer | None = None
         self.info: ServerInfo | None = None
         self.restarts = 0
+        #: Failure signatures already minimized in this run (one minimization each).
+        self.minimized: set[frozenset[str]] = set()
 
     # -- learning the server ------------------------------------------------------------
 
@@ -218,9 +220,13 @@ class Runner:
             area=case.area,
         )
         if outcome.verdict == FAIL and self.options.out is not None:
-            from protocol.fuzz.repro import Repro, minimize
+            from protocol.fuzz.repro import Repro, minimize, signature
 
-            script = minimize(built, outcome, self.judge) if self.options.minimize else built
+            seen = frozenset(signature(outcome))
+            script = built
+            if self.options.minimize and seen not in self.minimized:
+                self.minimized.add(seen)
+                script = minimize(built, outcome, self.judge)
             repro = Repro.of(case, script, self.judge(script), self.target.name, None)
             result.repro = str(repro.save(self.options.out / "repros"))
         return result
