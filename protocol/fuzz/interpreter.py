@@ -82,13 +82,13 @@ def pad_body(body: bytes, frame_length: int, sealed: bool) -> bytes:
         raise ValueError("only a small map can be padded")
     key = ENCODER.encode(PAD_FIELD)
     base = 1 + len(body) - 1 + len(key)  # new map header, old entries, the key
-    for header in (2, 3, 5):
-        size = target - base - header
-        fits = {2: size < 256, 3: 256 <= size < 65536, 5: size >= 65536}[header]
-        if size >= 0 and fits:
-            padded = bytes([body[0] + 1]) + body[1:] + key + ENCODER.encode(bytes(size))
-            assert len(padded) == target
-            return padded
+    # bin 8, bin 16 or bin 32: a wider header than needed is still valid msgpack, so
+    # every size is reachable.
+    for marker, width in ((0xC4, 1), (0xC5, 2), (0xC6, 4)):
+        size = target - base - 1 - width
+        if 0 <= size < 1 << (8 * width):
+            pad = bytes([marker]) + size.to_bytes(width, "big") + bytes(size)
+            return bytes([body[0] + 1]) + body[1:] + key + pad
     raise ValueError(f"a frame of {frame_length} bytes cannot hold this message")
 
 

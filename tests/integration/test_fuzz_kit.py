@@ -187,14 +187,18 @@ def test_fuzzing_finds_the_crash_and_shrinks_it(tmp_path: Path) -> None:
     port = free_port()
     token = token_file(tmp_path, os.urandom(32).hex())
     out = tmp_path / "out"
+    launch = broken_command(tmp_path, port, token, "crash-on-unknown-type")
     kit(
         f"127.0.0.1:{port}", "--out", str(out), "--quiet", "--settle", "1", "--seed", "7",
-        "--launch", broken_command(tmp_path, port, token, "crash-on-unknown-type"),
-        "--cases", "none", "--fuzz-time", "60",
+        "--launch", launch, "--cases", "none", "--fuzz-time", "60",
     )  # fmt: skip
     failures = report_of(out)["fuzz"]["failures"]
     assert failures, "the fuzzing did not find the crash"
-    repro = json.loads(Path(failures[0]["repro"]).read_text())
-    sent = [s for s in repro["script"]["steps"] if s["op"] == "send_bytes"]
-    assert len(sent) == 1 and len(sent[0]["hex"]) <= 200, repro
+    path = Path(failures[0]["repro"])
+    repro = json.loads(path.read_text())
     assert repro["seed"] == failures[0]["seed"]
+    steps = repro["script"]["steps"]
+    assert [s["op"] for s in steps if s["op"] != "expect"] == ["connect", "send_bytes"], steps
+    assert any("healthy client" in text for text in repro["findings"]), repro["findings"]
+    again = kit("--replay", str(path), f"127.0.0.1:{port}", "--launch", launch, "--settle", "1")
+    assert again.returncode == 1, again.stdout
