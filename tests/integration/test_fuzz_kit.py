@@ -200,5 +200,8 @@ def test_fuzzing_finds_the_crash_and_shrinks_it(tmp_path: Path) -> None:
     steps = repro["script"]["steps"]
     assert [s["op"] for s in steps if s["op"] != "expect"] == ["connect", "send_bytes"], steps
     assert any("healthy client" in text for text in repro["findings"]), repro["findings"]
-    again = kit("--replay", str(path), f"127.0.0.1:{port}", "--launch", launch, "--settle", "1")
+    again = kit(
+        "--replay", str(path), f"127.0.0.1:{port}", "--launch", launch, "--settle", "1",
+        "--out", str(tmp_path / "replay"),
+    )  # fmt: skip
     assert again.returncode == 1, again.stdout
