@@ -1,4 +1,4 @@
-"""harnessd's command line: ``exec`` (and the launcher, agent and bench commands)."""
+"""harnessd's command line: ``exec`` (and the launcher, agent, bench and fuzz commands)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ def _parser() -> argparse.ArgumentParser:
     cli_exec.add_parser(sub)
     cli_agent.add_parsers(sub)
     cli_bench.add_parser(sub)
+    # The protocol kit's own command line (its runner and hypothesis load only when it runs).
+    from protocol.fuzz.cli import add_parser as add_fuzz_parser
+
+    add_fuzz_parser(sub)
     return parser
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -28,12 +29,20 @@ from pathlib import Path
 from typing import TypeVar, overload
 
 import pytest
+from hypothesis import settings
 
 import harnessd
 from harnessd.api import ExecdClient
+from protocol.fuzz.strategies import register_profiles
 from tests.support.daemon import RunningExecd, start_execd
 
 T = TypeVar("T")
+
+# The property tests' example counts follow the hypothesis profile: splitexec-nightly runs 50
+# times as many (pytest --hypothesis-profile=splitexec-nightly, or HYPOTHESIS_PROFILE=...).
+register_profiles()
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
 ASYNCIO = pytest.param(("asyncio", {}), id="asyncio")

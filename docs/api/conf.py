@@ -32,7 +32,7 @@ nitpick_ignore_regex = [
     # Another package's names (collections.abc.Callable, msgspec.Meta, ray.ObjectRef, ...).
     (r"py:.*", r"(?!(harnessd|protocol|execd)\.)_?[a-z]\w*\..*"),
     # What a type annotation's metadata shows as a name: numbers, a cut subscript.
-    (r"py:.*", r"[\d.]+|\w+\[\w+"),
+    (r"py:.*", r"[\d.]+|\w+\[[\w\[]+"),
     # Type variables (harnessd.client.R).
     (r"py:.*", r"(harnessd|protocol)\.[\w.]*\.[A-Z]"),
     # Private names (bases such as _ProcessRuntime) are not in the reference.

@@ -53,6 +53,14 @@ def test_custom_tool(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the example leaves nothing in its directory"
 
 
+def test_fuzz_properties(tmp_path: Path) -> None:
+    done = run_example("fuzz_properties.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Ran 1 test" in done.stderr and done.stderr.rstrip().endswith("OK"), done.stderr
+    # hypothesis keeps its example database where it runs; nothing else is left.
+    assert {p.name for p in tmp_path.iterdir()} <= {".hypothesis"}
+
+
 def test_workspace_through_a_local_prefix(tmp_path: Path) -> None:
     script = 'echo out; echo err >&2; test -n "$EXECD_MARKER" && pwd; exit 3'
     done = run_example(

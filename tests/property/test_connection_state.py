@@ -47,6 +47,7 @@ from protocol.connection import (
     State,
 )
 from protocol.errors import ErrorCode, FlowControlBlocked
+from protocol.fuzz.strategies import examples
 from protocol.messages import (
     Call,
     Cancel,
@@ -543,7 +544,7 @@ class ConnectionPair(RuleBasedStateMachine):
 
 
 ConnectionPair.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=examples(100),
     stateful_step_count=60,
     deadline=None,
     report_multiple_bugs=False,

@@ -13,11 +13,12 @@ from protocol.codec import ENCODER, decode_message
 from protocol.connection import ClientConnection, ServerConnection, State
 from protocol.errors import RemoteProtocolError
 from protocol.framing import FrameReader, encode_frame
+from protocol.fuzz.strategies import any_message, property_settings, session_messages
 from protocol.messages import Call, Chunk, Message, Ping
-from tests.property.strategies import PROPERTY_SETTINGS, any_message, session_messages
 
 TOKEN = b"\x07" * 32
 CAP = 64 * 1024
+PROPERTY_SETTINGS = property_settings(40)
 
 
 def encode_stream(messages: list[Message]) -> bytes:

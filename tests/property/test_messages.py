@@ -15,16 +15,18 @@ from protocol import limits
 from protocol.codec import ENCODER, decode_message, encode_message
 from protocol.errors import InvalidMessage, UnknownMessageType
 from protocol.framing import FrameReader, encode_frame
-from protocol.messages import MESSAGE_TYPES, AnyMessage, Message, tag_of
-from tests.property.strategies import (
+from protocol.fuzz.strategies import (
     MESSAGE_STRATEGIES,
-    PER_TYPE_SETTINGS,
-    PROPERTY_SETTINGS,
     all_message_subclasses,
     msgpack_values,
+    property_settings,
 )
+from protocol.messages import MESSAGE_TYPES, AnyMessage, Message, tag_of
 
 TYPE_IDS = [tag_of(cls) for cls in MESSAGE_TYPES]
+PROPERTY_SETTINGS = property_settings(40)
+#: Lighter: these tests are parametrized over all fourteen message types.
+PER_TYPE_SETTINGS = property_settings(25)
 
 
 def test_every_message_type_has_a_strategy() -> None:

@@ -29,6 +29,9 @@ LEFT_OUT = {
     "harnessd.cli_exec": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_tty": "the command line, rendered from its parser in cli.rst",
     "harnessd.demo": "the demo command (docs/cli.md)",
+    "protocol.fuzz.__main__": "the command line, rendered from its parser in cli.rst",
+    "protocol.fuzz.cli": "the command line, rendered from its parser in cli.rst",
+    "protocol.fuzz.coverage": "atheris's entry points, run as a program (docs/fuzzing.md)",
 }
 
 

@@ -42,6 +42,25 @@ def test_the_http_stack_is_not_imported(statement: str) -> None:
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
 
 
+FUZZING = ("hypothesis", "atheris")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import protocol, protocol.connection, protocol.bridge",
+        "import protocol.fuzz, protocol.fuzz.cli",
+        "import harnessd",
+        "import harnessd.__main__",
+    ],
+)
+def test_the_fuzzing_extras_are_not_imported(statement: str) -> None:
+    """hypothesis and atheris (the fuzz and atheris extras) load only when the kit fuzzes."""
+    loaded = _modules_after(f"{statement}\nimport sys\nprint(' '.join(sorted(sys.modules)))")
+    roots = {name.split(".")[0] for name in loaded}
+    assert not roots & set(FUZZING), sorted(roots & set(FUZZING))
+
+
 def test_the_first_request_imports_it() -> None:
     code = (
         "import asyncio, sys\n"
