@@ -21,18 +21,21 @@ from protocol.rpc import files
 TOKEN = b"a high-entropy secret of 32 byte"
 
 
-@settings(max_examples=200)
+# property_settings: no deadline, and example counts that follow the hypothesis profile.
+@fz.property_settings(200)
 @given(fz.any_message)
 def test_every_message_round_trips(message: Message) -> None:
     assert decode_message(encode_message(message)) == message
 
 
+@fz.property_settings()
 @given(fz.params_for(files.READ))  # params valid by the method's declaration
 def test_read_params_decode(params: dict[str, object]) -> None:
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=files.READ.params)
     assert decoded.path == params["path"]
 
 
+@fz.property_settings()
 @given(fz.frames().flatmap(fz.mutations))  # byte-level mutations of whole frames
 def test_the_frame_reader_survives_mutations(data: bytes) -> None:
     reader = FrameReader(limits.PREAUTH_MAX_FRAME)
