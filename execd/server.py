@@ -32,7 +32,9 @@ dispatch here is the same for every call.
 Every answer fits the client's frame cap: a result that does not fit is
 answered with TOO_LARGE (handlers whose results grow with data fit them
 themselves, see :mod:`execd.fit`), and an error is cut until it fits. Params
-nested too deeply to decode are INVALID_PARAMS, like any other bad params.
+nested deeper than ``MAX_NESTING - 1`` levels (PROTOCOL.md section 3, held by
+:func:`protocol.codec.decode_payload`) are INVALID_PARAMS, like any other bad
+params.
 
 The :class:`Server` also keeps the lease: with ``--lease`` set, execd
 shuts down (the path that cleans up by marker) once no authenticated client

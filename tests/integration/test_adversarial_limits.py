@@ -38,12 +38,12 @@ import pytest
 import harnessd
 from harnessd import errors
 from harnessd.api import ExecdClient
-from protocol import limits
-from protocol.codec import encode_message, to_raw
+from protocol import limits, vectors
+from protocol.codec import decode_message, encode_message, to_raw
 from protocol.connection import ClientConnection
 from protocol.errors import ErrorCode
 from protocol.framing import frame_header
-from protocol.messages import Call, Cancel, Error, Reply
+from protocol.messages import Call, Cancel, Challenge, Error, Pong, Reply
 from tests.integration.test_adversarial import (
     abort_code,
     authenticated,
@@ -940,6 +940,60 @@ def test_hostile_nesting_gets_typed_answers(daemon: RunningExecd) -> None:
         return tried
 
     report("hostile_nesting", asyncio.run(main()), "INVALID_MESSAGE / INVALID_PARAMS, no traceback")
+
+
+@pytest.mark.parametrize("vector", vectors.nesting_vectors(), ids=lambda v: v.label)
+def test_nesting_bound_is_exact_before_and_after_the_handshake(
+    vector: vectors.NestingVector, daemon: RunningExecd
+) -> None:
+    """PROTOCOL.md section 16.2 against a running execd: one bound for every message."""
+    frame = frame_header(len(vector.body)) + vector.body
+
+    def hello() -> None:
+        with raw_peer(daemon) as peer:
+            peer.send(frame)
+            if vector.outcome == "INVALID_MESSAGE":
+                data = peer.drain_to_eof(10)
+                assert peer.eof, "execd kept a connection whose Hello nests past the bound"
+                assert abort_code(plain_frames(data)) == ErrorCode.INVALID_MESSAGE
+                return
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                data += peer.sock.recv(4096)
+                assert data, "execd closed the connection instead of answering the Hello"
+            assert isinstance(plain_frames(data)[0], Challenge), plain_frames(data)
+
+    def after_handshake() -> None:
+        peer = authenticated(daemon)
+        with contextlib.closing(peer):
+            message = decode_message(vector.body) if vector.outcome != "INVALID_MESSAGE" else None
+            if isinstance(message, Call):
+                # The client's machine books the call as in flight (the frame it makes for
+                # it is not sent: the vector's own bytes go instead).
+                peer.conn.send(message)
+            peer.send(frame)
+            if vector.outcome == "INVALID_MESSAGE":
+                assert peer.expect_abort() == ErrorCode.INVALID_MESSAGE
+                return
+            if vector.label.startswith("ping"):
+                while not peer.eof:
+                    if Pong(seq=1) in peer.receive():
+                        break
+                assert not peer.eof, "execd closed the connection instead of answering the ping"
+            else:
+                assert isinstance(message, Call)
+                answer = peer.wait_answer(message.id)
+                if vector.outcome == "INVALID_PARAMS":
+                    assert isinstance(answer, Error), answer
+                    assert answer.code == ErrorCode.INVALID_PARAMS
+                else:
+                    assert isinstance(answer, Reply), answer
+            # The connection serves on.
+            call_id = peer.start("server.echo", {"data": b"alive"})
+            assert isinstance(peer.wait_answer(call_id), Reply)
+
+    (hello if vector.label.startswith("hello") else after_handshake)()
+    report(f"nesting {vector.label}", 1, vector.outcome)
 
 
 def test_idle_unauthenticated_peers_never_lock_out_a_client(tmp_path: Path) -> None:
