@@ -44,6 +44,12 @@ _DAEMON_LIMITS: Final = (
     ("--max-connections", "max_connections", None),
     ("--max-unauthenticated", "max_unauthenticated", None),
     ("--handshake-timeout", "handshake_timeout", None),
+    (
+        "--idle-timeout",
+        "idle_timeout",
+        "seconds a client may send nothing (it is pinged at half of it) before its connection "
+        "is given up as a peer that vanished",
+    ),
     ("--max-inflight", "max_inflight_calls", None),
     ("--max-processes", "max_processes", None),
     ("--max-frame", "max_frame", None),
@@ -131,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
             option,
             dest=field,
             metavar=option[2:].upper().replace("-", "_"),
-            type=type(default),
+            # A number of seconds must be finite and above zero (a timer of 0 would spin).
+            type=positive_seconds if isinstance(default, float) else type(default),
             default=default,
             help=text,
         )

@@ -23,6 +23,9 @@ class Limits(msgspec.Struct, frozen=True):
     max_connections: int = 256
     max_unauthenticated: int = 64
     handshake_timeout: float = 5.0
+    idle_timeout: float = 60.0
+    """Seconds an authenticated connection may stay silent (pinged at half of it) before
+    execd gives it up as a peer that vanished."""
     max_inflight_calls: int = 1024
     max_processes: int = 512
     max_frame: int = 16 * 1024 * 1024

@@ -43,6 +43,16 @@ only connections that stay silent (a harness that vanished without closing
 TCP). Any frame from an authenticated client holds the lease; the client's
 keepalive pings hold it while the harness lives. One timer, re-armed for the
 moment the lease would run out, checks it.
+
+Liveness. A peer that vanished without a FIN or RST (a blackholed route, a
+machine that lost power) leaves its connection open on execd's side for
+good: TCP only notices when it has something unacknowledged to send. So one
+timer sweeps the authenticated connections every quarter of
+``Limits.idle_timeout``: a connection execd has heard nothing from for half
+of it gets a ping (the peer MUST answer, PROTOCOL.md section 11, whatever
+else it is doing), and one that stays silent for the whole of it is given up:
+aborted without waiting for its buffered output, so its descriptor and its
+calls are released as for a reset (calls with a request id keep their grace).
 """
 
 from __future__ import annotations
@@ -199,8 +209,10 @@ class ServerProtocol(FramedProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._pings = 0
+        #: ``last_received`` when execd last pinged this connection for liveness.
+        self.liveness_ping_for = -1.0
         #: What the request table pings this connection with (bound once: it goes by often).
-        self._receipt_ping = self._ping
+        self._receipt_ping = self.ping
         #: Largest encoded result that fits one reply frame to this client (known once
         #: the handshake has set the client's frame cap; no call comes before).
         self.max_result = 0
@@ -258,6 +270,12 @@ class ServerProtocol(FramedProtocol):
         else:
             self._close_callbacks.append(callback)
 
+    def give_up(self, message: str) -> None:
+        """Close a connection whose peer is gone, dropping what it still buffers."""
+        self.abort(None, code=ErrorCode.GOING_AWAY, message=message)
+        if self.transport is not None:
+            self.transport.abort()  # a close would wait for a peer that never acknowledges
+
     # -- events --------------------------------------------------------------
 
     def handle_event(self, event: ConnectionEvent) -> None:
@@ -283,10 +301,12 @@ class ServerProtocol(FramedProtocol):
         elif isinstance(event, Abort):
             self.abort(None)
 
-    def _ping(self) -> int | None:
-        """Ping, so that the pong proves receipt of the answers sent so far (execd.requests).
+    def ping(self) -> int | None:
+        """Ping the client: its pong proves it alive, and that it received what came before.
 
-        The ping's seq; None when the connection is gone.
+        The ping's seq; None when the connection is gone. The request table
+        (:mod:`execd.requests`) pings for proof of receipt, the server's
+        liveness sweep for a sign of life.
         """
         if self.closed:
             return None
@@ -453,6 +473,7 @@ class Server:
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
+        self._liveness_timer: asyncio.TimerHandle | None = None
         self._lease_since = time.monotonic()
         self.stopping = asyncio.Event()
         self.host = config.host
@@ -484,6 +505,7 @@ class Server:
         self.host, self.port = sock.getsockname()[:2]
         self.trimmer.start()
         self._arm_lease()
+        self._sweep_silent()
 
     def admit(self, proto: ServerProtocol) -> bool:
         """Count a new connection in, shedding an unauthenticated one if need be.
@@ -557,6 +579,27 @@ class Server:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _sweep_silent(self) -> None:
+        """Ping authenticated connections silent for half the idle timeout; give up on those
+        silent for all of it (see the module docstring). Re-arms itself."""
+        idle = self.config.limits.idle_timeout
+        now = time.monotonic()
+        for proto in list(self._authenticated):
+            heard = proto.last_received
+            if now - heard >= idle:
+                log.info(
+                    "connection %d: nothing received for %.0f s; giving it up",
+                    proto.connection_id,
+                    now - heard,
+                )
+                proto.give_up(f"nothing received for {now - heard:.0f} s")
+            elif now - heard >= idle / 2 and proto.liveness_ping_for != heard:
+                proto.liveness_ping_for = heard
+                proto.ping()
+        if not self.stopping.is_set():
+            loop = asyncio.get_running_loop()
+            self._liveness_timer = loop.call_later(idle / 4, self._sweep_silent)
+
     def _arm_lease(self) -> None:
         if self.config.lease is None or self.stopping.is_set():
             return
@@ -587,6 +630,8 @@ class Server:
         """Stop listening, drop every connection, wait for background work."""
         if self._lease_timer is not None:
             self._lease_timer.cancel()
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
         self.trimmer.stop()
         if self._server is not None:
             self._server.close()
