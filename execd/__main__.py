@@ -30,6 +30,7 @@ import msgspec
 
 from execd import marker
 from execd.app import Execd, StartupError, announce
+from execd.budget import fit_process_limits
 from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
 from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 from protocol.rpc.resources import Limits as CommandLimits
@@ -51,7 +52,18 @@ _DAEMON_LIMITS: Final = (
         "is given up as a peer that vanished",
     ),
     ("--max-inflight", "max_inflight_calls", None),
-    ("--max-processes", "max_processes", None),
+    ("--max-processes", "max_processes", "processes execd runs at once, of every kind"),
+    (
+        "--max-processes-per-connection",
+        "max_processes_per_connection",
+        "commands running at once for the calls of one connection",
+    ),
+    ("--max-open-files", "max_open_files", "files the files.* calls hold open at once"),
+    (
+        "--max-open-files-per-connection",
+        "max_open_files_per_connection",
+        "files the files.* calls of one connection hold open at once",
+    ),
     ("--max-frame", "max_frame", None),
     ("--output-cap", "output_cap", None),
     (
@@ -192,9 +204,11 @@ def _config(args: argparse.Namespace) -> Config:
         state_dir = _explicit_state_dir(os.path.abspath(args.state_dir))
     else:
         state_dir, fallback = default_state_dir()
-    limits = Limits(
-        **{field: getattr(args, field) for _, field, _ in _DAEMON_LIMITS},
-        command_limits=_command_limits(args),
+    limits = fit_process_limits(
+        Limits(
+            **{field: getattr(args, field) for _, field, _ in _DAEMON_LIMITS},
+            command_limits=_command_limits(args),
+        )
     )
     return Config(
         host=args.host,

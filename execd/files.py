@@ -11,8 +11,12 @@ metadata operation, or one listing bounded by its limit), so a large file
 never stalls the event loop and memory stays bounded by a few blocks whatever
 the file size. Each connection has a bounded share of the pool's threads, so
 work that hangs (a dead network filesystem) stalls only the connection that
-asked for it. Opening never waits: files are opened non-blocking and only
-regular files are read or written (a FIFO or a device is NOT_SUPPORTED).
+asked for it. A call that opens files holds as many units of execd's
+open-files budget as it may keep descriptors open (:mod:`execd.budget`), in
+total and of its connection's share: past either bound it is refused with
+LIMIT_EXCEEDED before it opens anything. Opening never waits: files are
+opened non-blocking and only regular files are read or written (a FIFO or a
+device is NOT_SUPPORTED).
 
 Cancellation: a cancelled call waits briefly for the unit in flight (long
 units notice a cancel event and stop early); the cancel is answered at the
@@ -40,7 +44,8 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
-from execd import fsops
+from execd import budget, fsops
+from execd.budget import Budget
 from execd.config import Config
 from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
@@ -180,11 +185,18 @@ class FilesCapability:
     """Handlers of the ``files.*`` methods."""
 
     def __init__(
-        self, config: Config, pool: WorkerPool | None = None, local: LocalFiles | None = None
+        self,
+        config: Config,
+        pool: WorkerPool | None = None,
+        local: LocalFiles | None = None,
+        open_files: Budget | None = None,
     ) -> None:
         self._config = config
         self._pool = pool if pool is not None else WorkerPool()
         self._local = local if local is not None else LocalFiles()
+        self._open_files = (
+            open_files if open_files is not None else budget.open_files(config.limits)
+        )
 
     async def close(self) -> None:
         """Nothing to wait for: every call releases what it holds (see the module docstring)."""
@@ -193,9 +205,18 @@ class FilesCapability:
         """The dispatch table entries of this capability."""
         return bind(self, rpc.RPCS, direct=(rpc.READ, rpc.WRITE))
 
-    def _work(self, ctx: CallContext) -> Work:
-        """The blocking units of one call, in its connection's share of the pool."""
-        return Work(self._pool, ctx.connection_id)
+    def _work(self, ctx: CallContext, descriptors: int = 0) -> Work:
+        """The blocking units of one call, in its connection's share of the pool.
+
+        ``descriptors``: how many the call may hold open; they are taken from
+        the open-files budget (LIMIT_EXCEEDED when it has no room) and given
+        back once no unit of the call runs any more.
+        """
+        work = Work(self._pool, ctx.connection_id)
+        if descriptors:
+            # A call with a request id runs on its connection's virtual one: the same share.
+            work.release(self._open_files.take(abs(ctx.connection_id), descriptors))
+        return work
 
     # -- read ----------------------------------------------------------------------
 
@@ -211,7 +232,7 @@ class FilesCapability:
         pseudo-file), an inline read switches to streaming.
         """
         path = fsops.check_path(params.path)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             try:
                 trusted = self._local.trusted(path)
                 if trusted:
@@ -364,7 +385,7 @@ class FilesCapability:
             # A local file it replaces is freed after the answer (see _free_replaced).
             keep_replaced=trusted,
         )
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 2) as work:
             # Once committed this does nothing; otherwise it removes the temporary.
             work.release(sink.abort)
             with _typed_errors(path):
@@ -471,8 +492,8 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         ceiling = self._config.limits.max_list_entries
         limit = ceiling if params.limit is None else min(params.limit, ceiling)
-        budget = max(result_budget(ctx) - LIST_OVERHEAD, result_budget(ctx) // 2)
-        async with self._work(ctx) as work:
+        room = max(result_budget(ctx) - LIST_OVERHEAD, result_budget(ctx) // 2)
+        async with self._work(ctx, 1) as work:
             with _typed_errors(path):
                 return await work.run_interruptible(
                     functools.partial(
@@ -481,7 +502,7 @@ class FilesCapability:
                         recursive=params.recursive,
                         limit=limit,
                         include_hidden=params.include_hidden,
-                        byte_budget=budget,
+                        byte_budget=room,
                     )
                 )
 
@@ -500,7 +521,7 @@ class FilesCapability:
     async def files_remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
         """Remove a path; a non-empty directory needs ``recursive`` (else NotEmpty)."""
         path = fsops.check_path(params.path)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             with _typed_errors():
                 removed = await work.run(
                     functools.partial(fsops.remove_path, path, params.recursive, params.missing_ok)
@@ -511,7 +532,7 @@ class FilesCapability:
         """Rename ``src`` to ``dst``, copying across filesystems (see ``fsops.move_path``)."""
         src = fsops.check_path(params.src)
         dst = fsops.check_path(params.dst)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 2) as work:
             with _typed_errors():
                 copied = await work.run_interruptible(
                     functools.partial(fsops.move_path, src, dst, params.overwrite)
@@ -531,7 +552,7 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         hasher = hashlib.sha256()
         total = 0
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             with _typed_errors(path):
                 fd, _ = await work.run(
                     functools.partial(fsops.open_for_read, path), discard=_close_opened

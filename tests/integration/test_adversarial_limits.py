@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -36,14 +37,17 @@ import msgspec
 import pytest
 
 import harnessd
+from execd.budget import descriptor_bound
+from execd.config import Limits
 from harnessd import errors
 from harnessd.api import ExecdClient
 from protocol import limits, vectors
 from protocol.codec import decode_message, encode_message, to_raw
 from protocol.connection import ClientConnection
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, SplitexecError
 from protocol.framing import frame_header
 from protocol.messages import Call, Cancel, Challenge, Error, Pong, Reply
+from tests.conftest import eventually
 from tests.integration.test_adversarial import (
     abort_code,
     authenticated,
@@ -55,7 +59,7 @@ from tests.integration.test_adversarial import (
     report,
 )
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import alive, allow_open_files
+from tests.support.procs import alive, allow_open_files, descriptors, live_children
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -1091,4 +1095,207 @@ def test_memory_settles_after_a_hostile_phase(tmp_path: Path) -> None:
         "memory_settles",
         2,
         f"RSS {idle // 1024} MiB idle, {peak // 1024} MiB at peak, {settled // 1024} MiB after",
+    )
+
+
+# -- what a flood can make execd hold ---------------------------------------------------------
+
+FLOOD_LIMITS = Limits(
+    max_connections=24,
+    max_unauthenticated=8,
+    max_processes=40,
+    max_processes_per_connection=12,
+    max_open_files=30,
+    max_open_files_per_connection=8,
+)
+"""Small bounds, so that a flood reaches every one of them quickly."""
+
+
+class Peaks:
+    """The most descriptors and direct children a process held, sampled in a thread."""
+
+    def __init__(self, running: RunningExecd) -> None:
+        self.running = running
+        self.descriptors = 0
+        self.children = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.descriptors = max(
+                self.descriptors, descriptors(self.running.pid, self.running.port)
+            )
+            self.children = max(self.children, len(live_children(self.running.pid)))
+
+    def __enter__(self) -> Peaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def refused(handles: list[Any], code: ErrorCode) -> int:
+    """How many of ``handles`` failed with ``code`` (any other failure fails the test)."""
+    count = 0
+    for handle in handles:
+        try:
+            async with asyncio.timeout(20):
+                await handle.result()
+        except errors.RemoteError as exc:
+            assert exc.code == code, exc
+            count += 1
+    return count
+
+
+def test_a_flood_stays_within_the_stated_bounds(tmp_path: Path) -> None:
+    """Hostile peers push on every bound at once; execd holds no more than it states.
+
+    Commands from several connections (each held to its share), detached
+    commands (held to the total), streamed reads that never take their data
+    (held to the open-files shares), and more connections than allowed. The
+    most descriptors and direct children execd holds are sampled throughout
+    and compared with the bounds it states (execd.budget.descriptor_bound);
+    every refusal is typed, and a healthy client is served all along.
+    """
+    limits = FLOOD_LIMITS
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(8 * MIB))
+    allow_open_files(4 * limits.max_connections)
+
+    def stalled_reads(running: RunningExecd) -> tuple[int, int]:
+        """Streamed reads of ``big`` on two raw connections that never grant credit."""
+        held = refusals = 0
+        peers = [authenticated(running) for _ in range(2)]
+        try:
+            for peer in peers:
+                ids = [
+                    peer.start("files.read", {"path": str(big), "stream": True}) for _ in range(20)
+                ]
+                answered: dict[int, Error] = {}
+                deadline = time.monotonic() + 20
+                while len(answered) < len(ids) - limits.max_open_files_per_connection:
+                    assert time.monotonic() < deadline, answered
+                    for event in peer.receive():
+                        if isinstance(event, Error):
+                            answered[event.id] = event
+                assert all(e.code == ErrorCode.LIMIT_EXCEEDED for e in answered.values())
+                held += len(ids) - len(answered)
+                refusals += len(answered)
+            return held, refusals
+        finally:
+            for peer in peers:
+                peer.close()
+
+    async def main(running: RunningExecd) -> dict[str, int]:
+        healthy = await harnessd.connect(running.host, running.port, running.token)
+        hostile = [
+            await harnessd.connect(running.host, running.port, running.token, keepalive=None)
+            for _ in range(4)
+        ]
+        extra: list[ExecdClient] = []
+        outcome: dict[str, int] = {}
+        try:
+            # Commands that run for their calls: each connection gets its share, no more.
+            for client in hostile[:3]:
+                handles = [client.start("shell.run", {"argv": ["sleep", "60"]}) for _ in range(20)]
+                await eventually(
+                    lambda: (
+                        sum(h.done for h in handles)  # noqa: B023
+                        == 20 - limits.max_processes_per_connection
+                    ),
+                    timeout=20,
+                    what="the calls past the connection's share answered",
+                )
+                over = [h for h in handles if h.done]
+                assert await refused(over, ErrorCode.PROCESS_LIMIT) == len(over)
+                outcome["calls_refused"] = outcome.get("calls_refused", 0) + len(over)
+            await eventually(
+                lambda: (
+                    len(marked_matching(running.marker, "sleep 60"))
+                    == 3 * limits.max_processes_per_connection
+                ),
+                timeout=20,
+                what="each connection's share of commands running",
+            )
+            await check_healthy(healthy)  # its own command finds room in the total
+            # Detached commands fill the total; past it the refusals are typed too.
+            detached = [
+                hostile[3].start("shell.run", {"argv": ["sleep", "61"], "detached": True})
+                for _ in range(20)
+            ]
+            outcome["detached_refused"] = await refused(detached, ErrorCode.PROCESS_LIMIT)
+            with pytest.raises(errors.ProcessLimit):
+                await healthy.run(["true"])
+            async with asyncio.timeout(10):
+                await healthy.noop()
+                assert await healthy.echo(b"served") == b"served"
+            # Streamed reads that never take their data hold their files, to the shares.
+            outcome["reads_held"], outcome["reads_refused"] = await asyncio.to_thread(
+                stalled_reads, running
+            )
+            assert (await healthy.read_file(str(big), max_bytes=16 * MIB))[:4] == bytes(4)
+            # More connections than allowed: typed refusals, the healthy one kept.
+            refusals = 0
+            for _ in range(2 * limits.max_connections):
+                try:
+                    extra.append(
+                        await harnessd.connect(
+                            running.host, running.port, running.token, keepalive=None
+                        )
+                    )
+                except SplitexecError as exc:
+                    code = getattr(exc, "code", ErrorCode.CONNECTION_LIMIT)
+                    assert code == ErrorCode.CONNECTION_LIMIT, exc
+                    refusals += 1
+            outcome["connections_refused"] = refusals
+            async with asyncio.timeout(10):
+                await healthy.noop()
+            for client in hostile[:3]:
+                await client.close()
+            await eventually(
+                lambda: not marked_matching(running.marker, "sleep 60"),
+                timeout=20,
+                what="the closed connections' commands stopped",
+            )
+            await healthy.cleanup(timeout=20)
+            return outcome
+        finally:
+            for client in [*extra, *hostile, healthy]:
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+    args = [
+        f"--{name.replace('_', '-')}={getattr(limits, name)}"
+        for name in (
+            "max_connections",
+            "max_unauthenticated",
+            "max_processes",
+            "max_processes_per_connection",
+            "max_open_files",
+            "max_open_files_per_connection",
+        )
+    ]
+    # Calls with request ids outlive their connection for the grace: keep it short here.
+    args.append("--request-grace=1")
+    with start_execd(tmp_path, *args) as running, Peaks(running) as peaks:
+        outcome = asyncio.run(main(running))
+        asyncio.run(no_marked(running.marker))
+    assert peaks.children <= limits.max_processes, peaks.children
+    assert peaks.descriptors <= descriptor_bound(limits), (
+        peaks.descriptors,
+        descriptor_bound(limits),
+    )
+    assert outcome["reads_held"] == 2 * limits.max_open_files_per_connection, outcome
+    assert outcome["detached_refused"] == 20 - (
+        limits.max_processes - 3 * limits.max_processes_per_connection
+    ), outcome
+    assert outcome["connections_refused"] > 0, outcome
+    report(
+        "flood_bounds",
+        sum(outcome.values()),
+        f"at most {peaks.descriptors} descriptors (bound {descriptor_bound(limits)}), "
+        f"{peaks.children} children (bound {limits.max_processes}); {outcome}",
     )
