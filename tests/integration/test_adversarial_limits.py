@@ -701,6 +701,75 @@ def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Pa
     report("fifo_writes", tried, "NOT_SUPPORTED at once; other connections served")
 
 
+def test_a_fifo_in_the_workspace_answers_every_write_and_cancel(tmp_path: Path) -> None:
+    """``mkfifo ws/f`` then plain writes to ``f`` with no reader, as an outside fuzzer sent them.
+
+    Every write is answered (NOT_SUPPORTED at once, or CANCELLED), with or
+    without a request id, whether its cancel comes right behind it, a moment
+    later or never, and while readers come and go; a cancel never waits on
+    the FIFO; and execd still ends at once when told to.
+    """
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def readers() -> None:
+        # Readers that open the FIFO and go again, as the fuzzer's did.
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+                stop.wait(0.002)
+                os.close(fd)
+
+    def attack(running: RunningExecd) -> dict[str, int]:
+        outcomes: dict[str, int] = {}
+        for with_rid in (False, True):
+            peer = authenticated(running, timeout=5)
+            with contextlib.closing(peer):
+                for index in range(30):
+                    call_id = peer.conn.next_call_id()
+                    params = to_raw({"path": "f", "data": b"x", "atomic": False})
+                    call = Call(
+                        id=call_id,
+                        method="files.write",
+                        params=params,
+                        rid=os.urandom(16) if with_rid else None,
+                    )
+                    frame = bytes(peer.conn.send(call))
+                    if index % 3 == 0:
+                        frame += bytes(peer.conn.send(Cancel(id=call_id)))
+                    peer.send(frame)
+                    if index % 3 == 1:
+                        time.sleep(0.01)
+                        peer.send_message(Cancel(id=call_id))
+                    started = time.monotonic()
+                    answer = peer.wait_answer(call_id)
+                    assert time.monotonic() - started < 3, "an answer took seconds"
+                    assert isinstance(answer, Error), answer
+                    name = ErrorCode(answer.code).name
+                    assert name in ("NOT_SUPPORTED", "CANCELLED"), answer
+                    outcomes[name] = outcomes.get(name, 0) + 1
+                call_id = peer.start("server.echo", {"data": b"alive"})
+                assert isinstance(peer.wait_answer(call_id), Reply)
+        return outcomes
+
+    thread = threading.Thread(target=readers, daemon=True)
+    with start_execd(tmp_path) as running:
+        thread.start()
+        try:
+            outcomes = attack(running)
+        finally:
+            stop.set()
+            thread.join()
+        assert fifo.is_fifo()
+        started = time.monotonic()
+        running.proc.send_signal(signal.SIGTERM)
+        assert running.proc.wait(timeout=30) == 0
+        ended = time.monotonic() - started
+    assert ended < 10, ended
+    report("fifo_in_workspace", sum(outcomes.values()), f"{outcomes}; execd ended in {ended:.1f} s")
+
+
 def test_cancel_right_behind_its_call_is_answered(daemon: RunningExecd) -> None:
     """A Cancel in the same read as its Call is answered.
 
