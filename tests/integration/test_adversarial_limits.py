@@ -49,6 +49,7 @@ from protocol.framing import frame_header
 from protocol.messages import Call, Cancel, Challenge, Error, Pong, Reply
 from tests.conftest import eventually
 from tests.integration.test_adversarial import (
+    RawPeer,
     abort_code,
     authenticated,
     check_healthy,
@@ -614,6 +615,74 @@ def test_result_at_the_smallest_frame_cap(
 async def no_marked_but_detached(daemon: RunningExecd) -> None:
     """Nothing a case started is left but what it keeps on purpose (none do)."""
     await no_marked(daemon.marker)
+
+
+def numbered(size: int) -> bytes:
+    """The first ``size`` bytes of ``seq 1 100000``: output whose every stretch is told apart."""
+    return b"".join(b"%d\n" % n for n in range(1, 100_001))[:size]
+
+
+@pytest.mark.parametrize("cipher", [limits.CIPHER_NONE, limits.CIPHER_AESGCM])
+@pytest.mark.parametrize("max_frame", [SMALLEST, SMALLEST + 1, 5000, 8192])
+def test_collected_output_is_fitted_as_section_15_4_says_at_small_caps(
+    max_frame: int, cipher: str, daemon: RunningExecd
+) -> None:
+    """``shell.run`` collected, its output larger than the reply frame: a fitted result, always.
+
+    With ``max_frame = window`` as small as a client may announce, and the
+    cipher's 16 bytes on top: the reply frame fits the cap, each stream keeps
+    its head (the first ``len // 2`` bytes) and its tail with ``*_dropped``
+    bytes between them, the two share the room as PROTOCOL.md section 15.4
+    says, and the call never fails for its size (TOO_LARGE comes only from
+    methods that refuse before acting).
+    """
+    sizes = [(10_000, 0), (0, 10_000), (1_500, 10_000), (10_000, 10_000), (3_000, 3_000), (100, 50)]
+
+    def attack() -> int:
+        peer = RawPeer(daemon)
+        peer.conn = ClientConnection(
+            daemon.token.encode(), ciphers=(cipher,), max_frame=max_frame, window=max_frame
+        )
+        with contextlib.closing(peer):
+            peer.handshake()
+            # The result budget of section 8: the client's cap, less the envelope and tag.
+            sealed = cipher != limits.CIPHER_NONE
+            room = max_frame - limits.REPLY_OVERHEAD - (limits.AEAD_TAG_SIZE if sealed else 0)
+            for out, err in sizes:
+                command = f"seq 1 100000 | head -c {out}; seq 1 100000 | head -c {err} >&2"
+                call_id = peer.start("shell.run", {"command": command})
+                answer = peer.wait_answer(call_id)
+                assert isinstance(answer, Reply), answer
+                assert len(answer.result) <= room, (len(answer.result), room)
+                result = msgspec.msgpack.decode(answer.result)
+                kept: dict[str, int] = {}
+                for stream, total in (("stdout", out), ("stderr", err)):
+                    data, dropped = result.get(stream, b""), result.get(f"{stream}_dropped", 0)
+                    full = numbered(total)
+                    assert len(data) + dropped == total, (stream, len(data), dropped, total)
+                    head = len(data) // 2 if dropped else len(data)
+                    assert data[:head] == full[:head], stream
+                    assert data[head:] == full[total - (len(data) - head) :], stream
+                    kept[stream] = len(data)
+                if kept["stdout"] + kept["stderr"] < out + err:
+                    # Cut together: a capture within half the room is kept whole and the
+                    # other gets the rest, else each gets half; the room is used up (but for
+                    # the other fields of the result, a few dozen bytes).
+                    whole = [
+                        s for s, total in (("stdout", out), ("stderr", err)) if kept[s] == total
+                    ]
+                    if whole:
+                        other = "stderr" if whole == ["stdout"] else "stdout"
+                        assert kept[whole[0]] <= kept[other], kept
+                    else:
+                        assert abs(kept["stdout"] - kept["stderr"]) <= 1, kept
+                    assert sum(kept.values()) >= room - 256, (kept, room)
+            call_id = peer.start("server.echo", {"data": b"alive"})
+            assert isinstance(peer.wait_answer(call_id), Reply)
+        return len(sizes)
+
+    tried = attack()
+    report(f"collected_output {max_frame} {cipher}", tried, "fitted head and tail, never lost")
 
 
 def test_errors_fit_the_smallest_frame_cap(daemon: RunningExecd, tmp_path: Path) -> None:
