@@ -451,7 +451,8 @@ class ShellCapability(CommandCapability):
         cap = self._limits.output_cap
         if params.output_cap is not None:
             cap = min(cap, params.output_cap)
-        child = self._spawn(params, argv, ctx.connection_id)
+        # A call with a request id runs on its connection's virtual one: the same share.
+        child = self._spawn(params, argv, abs(ctx.connection_id))
         buffers: tuple[HeadTailBuffer, HeadTailBuffer] | None = None
         if params.stream:
             cmd = _Command(child, opts, self._background.spawn, sinks=None, stream_ctx=ctx)
