@@ -30,6 +30,7 @@ import msgspec
 
 from execd import marker
 from execd.app import Execd, StartupError, announce
+from execd.budget import fit_process_limits
 from execd.config import Config, Limits, default_state_dir
 from protocol.rpc.resources import LIMIT_NAMES
 from protocol.rpc.resources import Limits as CommandLimits
@@ -56,8 +57,25 @@ _DAEMON_LIMITS: Final = (
     ("--max-connections", "max_connections", None),
     ("--max-unauthenticated", "max_unauthenticated", None),
     ("--handshake-timeout", "handshake_timeout", None),
+    (
+        "--idle-timeout",
+        "idle_timeout",
+        "seconds a client may send nothing (it is pinged at half of it) before its connection "
+        "is given up as a peer that vanished",
+    ),
     ("--max-inflight", "max_inflight_calls", None),
-    ("--max-processes", "max_processes", None),
+    ("--max-processes", "max_processes", "processes execd runs at once, of every kind"),
+    (
+        "--max-processes-per-connection",
+        "max_processes_per_connection",
+        "commands running at once for the calls of one connection",
+    ),
+    ("--max-open-files", "max_open_files", "files the files.* calls hold open at once"),
+    (
+        "--max-open-files-per-connection",
+        "max_open_files_per_connection",
+        "files the files.* calls of one connection hold open at once",
+    ),
     ("--max-frame", "max_frame", None),
     ("--output-cap", "output_cap", None),
     (
@@ -143,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
             option,
             dest=field,
             metavar=option[2:].upper().replace("-", "_"),
-            type=type(default),
+            # A number of seconds must be finite and above zero (a timer of 0 would spin).
+            type=positive_seconds if isinstance(default, float) else type(default),
             default=default,
             help=text,
         )
@@ -195,9 +214,11 @@ def _config(args: argparse.Namespace) -> Config:
         state_dir = _explicit_state_dir(os.path.abspath(args.state_dir))
     else:
         state_dir, fallback = default_state_dir()
-    limits = Limits(
-        **{field: getattr(args, field) for _, field, _ in _DAEMON_LIMITS},
-        command_limits=_command_limits(args),
+    limits = fit_process_limits(
+        Limits(
+            **{field: getattr(args, field) for _, field, _ in _DAEMON_LIMITS},
+            command_limits=_command_limits(args),
+        )
     )
     return Config(
         host=args.host,

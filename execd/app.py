@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from execd import marker
+from execd.budget import Budgets
 from execd.config import LEDGER_PATH_VAR, Config
 from execd.context import CallContext, Method, bind
 from execd.fit import fit_list, result_budget
@@ -59,28 +60,34 @@ def announce(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def build_capability(name: str, config: Config, base_env: dict[str, str]) -> Capability:
-    """The capability whose methods are named ``<name>.*`` (its module is imported here)."""
+def build_capability(
+    name: str, config: Config, base_env: dict[str, str], budgets: Budgets
+) -> Capability:
+    """The capability whose methods are named ``<name>.*`` (its module is imported here).
+
+    Those that start processes share ``budgets.processes``; files holds
+    ``budgets.open_files`` (:mod:`execd.budget`).
+    """
     if name == "shell":
         from execd.shell import ShellCapability
 
-        return ShellCapability(config, base_env)
+        return ShellCapability(config, base_env, budgets.processes)
     if name == "terminal":
         from execd.terminal import TerminalCapability
 
-        return TerminalCapability(config, base_env)
+        return TerminalCapability(config, base_env, budgets.processes)
     if name == "services":
         from execd.services import ServicesCapability
 
-        return ServicesCapability(config, base_env)
+        return ServicesCapability(config, base_env, budgets.processes)
     if name == "sessions":
         from execd.sessions import SessionsCapability
 
-        return SessionsCapability(config, base_env)
+        return SessionsCapability(config, base_env, budgets.processes)
     if name == "files":
         from execd.files import FilesCapability
 
-        return FilesCapability(config)
+        return FilesCapability(config, open_files=budgets.open_files)
     if name == "watch":
         from execd.watch import WatchCapability
 
@@ -88,7 +95,7 @@ def build_capability(name: str, config: Config, base_env: dict[str, str]) -> Cap
     if name == "ledger":
         from execd.ledger import LedgerCapability
 
-        return LedgerCapability(config)
+        return LedgerCapability(config, budgets.open_files)
     raise ValueError(f"no capability named {name!r}")
 
 
@@ -162,7 +169,10 @@ class Execd:
             config.marker,
             extra={LEDGER_PATH_VAR: config.ledger_dir},
         )
-        self.methods = MethodTable(lambda name: build_capability(name, config, base_env))
+        self.budgets = Budgets.of(config.limits)
+        self.methods = MethodTable(
+            lambda name: build_capability(name, config, base_env, self.budgets)
+        )
         self.requests = RequestTable(config.limits)
         for method in [*self.requests.methods(), *self._core_methods()]:
             self.methods.register(method)

@@ -20,7 +20,9 @@ is spawned, so that the three capabilities cannot drift apart:
   closes), its :func:`private_root` once made, and whether it is closed (then
   it refuses to start anything); :func:`close_each` ends a table of
   records at once when it closes, and :func:`wait_done` is the ``*.wait``
-  methods' bounded wait for a record to end.
+  methods' bounded wait for a record to end. Every process it starts holds a
+  unit of the process budget (:mod:`execd.budget`) until it is reaped
+  (:meth:`CommandCapability._counted`), shared with the other capabilities.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from execd import budget
 from execd.config import Config
 from execd.context import Method, bind
 from execd.errors import InvalidParams, ShuttingDown
@@ -40,6 +43,16 @@ from protocol.rpc import Rpc
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class _Exits(Protocol):
+    """A started process, or the record of one: its exit status once reaped."""
+
+    @property
+    def exited(self) -> asyncio.Future[int]: ...
+
+
+Started = TypeVar("Started", bound=_Exits)
 
 SHELL = "/bin/sh"
 """The shell that runs a command given as a string."""
@@ -197,9 +210,17 @@ class CommandCapability:
     override nor unset. ``name`` labels the failures of its background tasks.
     """
 
-    def __init__(self, config: Config, base_env: Mapping[str, str], name: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        base_env: Mapping[str, str],
+        name: str,
+        processes: budget.Budget | None = None,
+    ) -> None:
         self._config = config
         self._limits = config.limits
+        #: The process budget, shared with every capability that starts processes.
+        self._processes = processes if processes is not None else budget.processes(config.limits)
         from execd.limits import ResourceControl  # with the first capability, not at startup
 
         self._resources = ResourceControl(config.limits.command_limits)
@@ -221,6 +242,22 @@ class CommandCapability:
         """Refuse to start anything once the capability is closing."""
         if self._closed:
             raise ShuttingDown(f"the {self._name} capability is closed")
+
+    def _counted(self, start: Callable[[], Started], connection: int | None = None) -> Started:
+        """``start()``, a process held against the process budget until it is reaped.
+
+        ``connection``: the connection whose share it also holds (a command
+        that runs for a call), or None. Raises ProcessLimit instead of
+        starting it when a bound is reached.
+        """
+        give_back = self._processes.take(connection)
+        try:
+            child = start()
+        except BaseException:
+            give_back()
+            raise
+        child.exited.add_done_callback(lambda _: give_back())
+        return child
 
     def _private_root(self) -> str:
         """This capability's :func:`private_root` (named after it), made on first use."""

@@ -23,8 +23,18 @@ class Limits(msgspec.Struct, frozen=True):
     max_connections: int = 256
     max_unauthenticated: int = 64
     handshake_timeout: float = 5.0
+    idle_timeout: float = 60.0
+    """Seconds an authenticated connection may stay silent (pinged at half of it) before
+    execd gives it up as a peer that vanished."""
     max_inflight_calls: int = 1024
     max_processes: int = 512
+    """Processes execd runs at once: commands, terminals, services, sessions, probes."""
+    max_processes_per_connection: int = 128
+    """Commands running at once for the calls of one connection (``shell.run``, not detached)."""
+    max_open_files: int = 512
+    """Descriptors ``files.*`` calls hold open at once (:mod:`execd.budget`)."""
+    max_open_files_per_connection: int = 128
+    """Descriptors the ``files.*`` calls of one connection hold open at once."""
     max_frame: int = 16 * 1024 * 1024
     stream_window: int = 4 * 1024 * 1024
     output_cap: int = 8 * 1024 * 1024

@@ -11,8 +11,12 @@ metadata operation, or one listing bounded by its limit), so a large file
 never stalls the event loop and memory stays bounded by a few blocks whatever
 the file size. Each connection has a bounded share of the pool's threads, so
 work that hangs (a dead network filesystem) stalls only the connection that
-asked for it. Opening never waits: files are opened non-blocking and only
-regular files are read or written (a FIFO or a device is NOT_SUPPORTED).
+asked for it. A call that opens files holds as many units of execd's
+open-files budget as it may keep descriptors open (:mod:`execd.budget`), in
+total and of its connection's share: past either bound it is refused with
+LIMIT_EXCEEDED before it opens anything. Opening never waits: files are
+opened non-blocking and only regular files are read or written (a FIFO or a
+device is NOT_SUPPORTED).
 
 Cancellation: a cancelled call waits briefly for the unit in flight (long
 units notice a cancel event and stop early); the cancel is answered at the
@@ -36,11 +40,12 @@ import functools
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from types import TracebackType
 from typing import Any
 
-from execd import fsops
+from execd import budget, fsops
+from execd.budget import Budget
 from execd.config import Config
 from execd.context import CallContext, Method, bind
 from execd.errors import InvalidParams, StreamError, TooLarge, from_oserror
@@ -162,7 +167,7 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
 
 
-async def _abandon(ahead: asyncio.Task[Any]) -> None:
+async def _abandon(ahead: asyncio.Future[Any]) -> None:
     """Stop a read ahead nobody will use; its unit is released as a cancelled one is."""
     ahead.cancel()
     await asyncio.wait([ahead])
@@ -176,15 +181,179 @@ async def _close_stream(stream: AsyncIterator[bytes]) -> None:
         await aclose()
 
 
+class _RangeRead:
+    """One ``files.read`` of a byte range: the units that read it, and where the blocks go.
+
+    Theory of operation. Blocks come one unit at a time (:meth:`_next_unit`):
+    on the event loop while the file is small and local (``inline``), else in
+    a worker thread. A streamed read sends each block as it comes while the
+    worker reads the next one ahead (:meth:`_stream`). Otherwise blocks are
+    held for the inline result (:meth:`_hold`) until they outgrow the inline
+    limit (the file grew, or it is a pseudo-file): the read then switches to
+    streaming and sends what it held. The stream is ended by its last block,
+    or by an empty chunk when the end came without one.
+    """
+
+    __slots__ = (
+        "ahead",
+        "ctx",
+        "ended",
+        "fd",
+        "hasher",
+        "held",
+        "hit_eof",
+        "inline",
+        "inline_limit",
+        "params",
+        "position",
+        "size",
+        "streaming",
+        "total",
+        "work",
+    )
+
+    def __init__(
+        self, work: Work, inline: bool, fd: int, size: int, params: ReadParams, ctx: CallContext
+    ) -> None:
+        available = max(size - params.offset, 0)
+        expected = available if params.length is None else min(params.length, available)
+        if params.max_bytes is not None and expected > params.max_bytes:
+            raise TooLarge(
+                f"{expected} bytes requested, more than max_bytes={params.max_bytes}",
+                {"size": expected, "max_bytes": params.max_bytes},
+            )
+        inline_limit = max(ctx.max_chunk - REPLY_OVERHEAD, 0)
+        if params.inline_max is not None:
+            inline_limit = min(inline_limit, params.inline_max)
+        self.work, self.inline, self.fd, self.size = work, inline, fd, size
+        self.params, self.ctx = params, ctx
+        self.inline_limit = inline_limit
+        self.streaming = params.stream or expected > inline_limit
+        self.hasher = hashlib.sha256() if params.checksum else None
+        self.held: list[bytes] = []
+        self.total = 0
+        self.position = params.offset
+        self.hit_eof = False
+        self.ended = False
+        #: The next block, being read by a worker while the last one is sent.
+        self.ahead: asyncio.Future[tuple[bytes, bool]] | None = None
+
+    async def run(self) -> ReadResult:
+        """Read the range; stream or hold its blocks; the call's result."""
+        try:
+            while True:
+                ahead = self.ahead
+                if ahead is not None:
+                    self.ahead = None
+                    block, at_end = await ahead
+                else:
+                    unit = self._next_unit()
+                    if unit is None:
+                        break
+                    here, want = unit
+                    if here:
+                        block, at_end = _read_unit(
+                            self.fd, want, self.position, self.hasher, self.size
+                        )
+                    else:
+                        block, at_end = await self._in_thread(want)
+                if not block:
+                    self.hit_eof = True
+                    break
+                self._count(block, at_end)
+                if self.streaming:
+                    await self._stream(block, at_end)
+                elif self._hold(block):
+                    await self._send_held(at_end)
+                if at_end:
+                    break
+        finally:
+            if self.ahead is not None:
+                await _abandon(self.ahead)
+        if self.streaming and not self.ended:
+            await self.ctx.send(DATA_STREAM, b"", end=True)
+        return self._result()
+
+    def _next_unit(self) -> tuple[bool, int] | None:
+        """Whether the next read runs inline, and how much it takes (None: the range is done)."""
+        want = fsops.BLOCK
+        if self.params.length is not None:
+            want = min(want, self.params.length - self.total)
+        elif self.size > 0 and 0 <= self.size - self.position <= want:
+            # The end is expected in this unit: one byte more lets it see the end.
+            want = self.size - self.position + 1
+        if want <= 0:
+            return None
+        if self.inline and self.total <= INLINE_READ_MAX:
+            # Inline only while the file stays small (it may grow as it is read).
+            return True, min(want, INLINE_READ_MAX + 1 - self.total)
+        return False, want
+
+    def _in_thread(self, want: int) -> Coroutine[Any, Any, tuple[bytes, bool]]:
+        """A unit in a worker thread: ``want`` bytes from the current position."""
+        read = functools.partial(_read_unit, self.fd, want, self.position, self.hasher)
+        return self.work.run(read)
+
+    def _count(self, block: bytes, at_end: bool) -> None:
+        self.hit_eof = at_end
+        self.total += len(block)
+        self.position += len(block)
+        max_bytes = self.params.max_bytes
+        if max_bytes is not None and self.total > max_bytes:
+            raise TooLarge(
+                f"more than max_bytes={max_bytes} bytes to read (the file grew)",
+                {"size": self.total, "max_bytes": max_bytes},
+            )
+
+    async def _stream(self, block: bytes, at_end: bool) -> None:
+        """Send ``block``; meanwhile a worker reads the next one (the last block ends the stream)."""
+        unit = None if at_end else self._next_unit()
+        if unit is not None and not unit[0]:
+            self.ahead = asyncio.ensure_future(self._in_thread(unit[1]))
+        await self.ctx.send(DATA_STREAM, block, end=at_end)
+        self.ended = at_end
+
+    def _hold(self, block: bytes) -> bool:
+        """Keep ``block`` for the inline result; True once the read must stream instead."""
+        self.held.append(block)
+        return self.total > self.inline_limit
+
+    async def _send_held(self, at_end: bool) -> None:
+        self.streaming = True
+        held = self.held
+        while held:
+            piece = held.pop(0)
+            self.ended = at_end and not held
+            await self.ctx.send(DATA_STREAM, piece, end=self.ended)
+
+    def _result(self) -> ReadResult:
+        size, hasher = self.size, self.hasher
+        return ReadResult(
+            size=size,
+            bytes_sent=self.total,
+            sha256=hasher.hexdigest() if hasher is not None else None,
+            data=None if self.streaming else b"".join(self.held),
+            streamed=self.streaming,
+            eof=self.hit_eof or (size > 0 and self.position >= size),
+        )
+
+
 class FilesCapability:
     """Handlers of the ``files.*`` methods."""
 
     def __init__(
-        self, config: Config, pool: WorkerPool | None = None, local: LocalFiles | None = None
+        self,
+        config: Config,
+        pool: WorkerPool | None = None,
+        local: LocalFiles | None = None,
+        open_files: Budget | None = None,
     ) -> None:
         self._config = config
         self._pool = pool if pool is not None else WorkerPool()
         self._local = local if local is not None else LocalFiles()
+        self._open_files = (
+            open_files if open_files is not None else budget.open_files(config.limits)
+        )
 
     async def close(self) -> None:
         """Nothing to wait for: every call releases what it holds (see the module docstring)."""
@@ -193,9 +362,18 @@ class FilesCapability:
         """The dispatch table entries of this capability."""
         return bind(self, rpc.RPCS, direct=(rpc.READ, rpc.WRITE))
 
-    def _work(self, ctx: CallContext) -> Work:
-        """The blocking units of one call, in its connection's share of the pool."""
-        return Work(self._pool, ctx.connection_id)
+    def _work(self, ctx: CallContext, descriptors: int = 0) -> Work:
+        """The blocking units of one call, in its connection's share of the pool.
+
+        ``descriptors``: how many the call may hold open; they are taken from
+        the open-files budget (LIMIT_EXCEEDED when it has no room) and given
+        back once no unit of the call runs any more.
+        """
+        work = Work(self._pool, ctx.connection_id)
+        if descriptors:
+            # A call with a request id runs on its connection's virtual one: the same share.
+            work.release(self._open_files.take(abs(ctx.connection_id), descriptors))
+        return work
 
     # -- read ----------------------------------------------------------------------
 
@@ -211,7 +389,7 @@ class FilesCapability:
         pseudo-file), an inline read switches to streaming.
         """
         path = fsops.check_path(params.path)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             try:
                 trusted = self._local.trusted(path)
                 if trusted:
@@ -226,107 +404,9 @@ class FilesCapability:
                     self._local.note(path, info.st_dev, trusted=trusted)
                     and info.st_size <= INLINE_READ_MAX
                 )
-                return await self._read_range(work, inline, fd, info.st_size, params, ctx)
+                return await _RangeRead(work, inline, fd, info.st_size, params, ctx).run()
             except OSError as exc:
                 raise from_oserror(exc, path) from None
-
-    async def _read_range(
-        self, work: Work, inline: bool, fd: int, size: int, params: ReadParams, ctx: CallContext
-    ) -> ReadResult:
-        available = max(size - params.offset, 0)
-        expected = available if params.length is None else min(params.length, available)
-        if params.max_bytes is not None and expected > params.max_bytes:
-            raise TooLarge(
-                f"{expected} bytes requested, more than max_bytes={params.max_bytes}",
-                {"size": expected, "max_bytes": params.max_bytes},
-            )
-        inline_limit = max(ctx.max_chunk - REPLY_OVERHEAD, 0)
-        if params.inline_max is not None:
-            inline_limit = min(inline_limit, params.inline_max)
-        streaming = params.stream or expected > inline_limit
-        hasher = hashlib.sha256() if params.checksum else None
-        held: list[bytes] = []
-        total = 0
-        position = params.offset
-        hit_eof = False
-        ended = False
-
-        def next_unit() -> tuple[bool, int] | None:
-            """Whether the next read runs inline, and how much it takes (None: the range is done)."""
-            want = fsops.BLOCK
-            if params.length is not None:
-                want = min(want, params.length - total)
-            elif size > 0 and 0 <= size - position <= want:
-                # The end is expected in this unit: one byte more lets it see the end.
-                want = size - position + 1
-            if want <= 0:
-                return None
-            if inline and total <= INLINE_READ_MAX:
-                # Inline only while the file stays small (it may grow as it is read).
-                return True, min(want, INLINE_READ_MAX + 1 - total)
-            return False, want
-
-        # While a streamed block is sent, the worker thread reads the next one.
-        ahead: asyncio.Task[tuple[bytes, bool]] | None = None
-        try:
-            while True:
-                if ahead is not None:
-                    block, at_end = await ahead
-                    ahead = None
-                else:
-                    unit = next_unit()
-                    if unit is None:
-                        break
-                    here, want = unit
-                    if here:
-                        block, at_end = _read_unit(fd, want, position, hasher, size)
-                    else:
-                        block, at_end = await work.run(
-                            functools.partial(_read_unit, fd, want, position, hasher)
-                        )
-                if not block:
-                    hit_eof = True
-                    break
-                hit_eof = at_end
-                total += len(block)
-                position += len(block)
-                if params.max_bytes is not None and total > params.max_bytes:
-                    raise TooLarge(
-                        f"more than max_bytes={params.max_bytes} bytes to read (the file grew)",
-                        {"size": total, "max_bytes": params.max_bytes},
-                    )
-                if streaming:
-                    unit = None if at_end else next_unit()
-                    if unit is not None and not unit[0]:
-                        ahead = asyncio.ensure_future(
-                            work.run(functools.partial(_read_unit, fd, unit[1], position, hasher))
-                        )
-                    # The last block ends the stream itself: no empty chunk after it.
-                    await ctx.send(DATA_STREAM, block, end=at_end)
-                    ended = at_end
-                else:
-                    held.append(block)
-                    if total > inline_limit:
-                        streaming = True
-                        while held:
-                            piece = held.pop(0)
-                            ended = at_end and not held
-                            await ctx.send(DATA_STREAM, piece, end=ended)
-                if at_end:
-                    break
-        finally:
-            if ahead is not None:
-                await _abandon(ahead)
-        if streaming and not ended:
-            await ctx.send(DATA_STREAM, b"", end=True)
-        return ReadResult(
-            size=size,
-            bytes_sent=total,
-            sha256=hasher.hexdigest() if hasher is not None else None,
-            data=None if streaming else b"".join(held),
-            streamed=streaming,
-            eof=hit_eof or (size > 0 and position >= size),
-        )
 
     # -- write ---------------------------------------------------------------------
 
@@ -364,7 +444,7 @@ class FilesCapability:
             # A local file it replaces is freed after the answer (see _free_replaced).
             keep_replaced=trusted,
         )
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 2) as work:
             # Once committed this does nothing; otherwise it removes the temporary.
             work.release(sink.abort)
             with _typed_errors(path):
@@ -471,8 +551,8 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         ceiling = self._config.limits.max_list_entries
         limit = ceiling if params.limit is None else min(params.limit, ceiling)
-        budget = max(result_budget(ctx) - LIST_OVERHEAD, result_budget(ctx) // 2)
-        async with self._work(ctx) as work:
+        room = max(result_budget(ctx) - LIST_OVERHEAD, result_budget(ctx) // 2)
+        async with self._work(ctx, 1) as work:
             with _typed_errors(path):
                 return await work.run_interruptible(
                     functools.partial(
@@ -481,7 +561,7 @@ class FilesCapability:
                         recursive=params.recursive,
                         limit=limit,
                         include_hidden=params.include_hidden,
-                        byte_budget=budget,
+                        byte_budget=room,
                     )
                 )
 
@@ -500,7 +580,7 @@ class FilesCapability:
     async def files_remove(self, params: RemoveParams, ctx: CallContext) -> RemoveResult:
         """Remove a path; a non-empty directory needs ``recursive`` (else NotEmpty)."""
         path = fsops.check_path(params.path)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             with _typed_errors():
                 removed = await work.run(
                     functools.partial(fsops.remove_path, path, params.recursive, params.missing_ok)
@@ -511,7 +591,7 @@ class FilesCapability:
         """Rename ``src`` to ``dst``, copying across filesystems (see ``fsops.move_path``)."""
         src = fsops.check_path(params.src)
         dst = fsops.check_path(params.dst)
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 2) as work:
             with _typed_errors():
                 copied = await work.run_interruptible(
                     functools.partial(fsops.move_path, src, dst, params.overwrite)
@@ -531,7 +611,7 @@ class FilesCapability:
         path = fsops.check_path(params.path)
         hasher = hashlib.sha256()
         total = 0
-        async with self._work(ctx) as work:
+        async with self._work(ctx, 1) as work:
             with _typed_errors(path):
                 fd, _ = await work.run(
                     functools.partial(fsops.open_for_read, path), discard=_close_opened

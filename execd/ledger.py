@@ -18,7 +18,10 @@ always waited for (a cancelled caller re-raises the cancellation only after
 the job finished), so the lock is never released while a thread still writes
 and the in-memory head always matches the disk. At most ``max_open`` slots
 stay open; idle ones (no holder, no waiter) are closed least recently used
-first and reopened, with tail recovery, on next use.
+first and reopened, with tail recovery, on next use, and a ledger that would
+be one more open than that while all are in use is refused (LIMIT_EXCEEDED).
+A read's own descriptors are held against execd's open-files budget
+(:mod:`execd.budget`) for as long as it streams.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
+from execd import budget
+from execd.budget import LEDGERS_OPEN, Budget
 from execd.config import Config
 from execd.context import CallContext, Method, bind
-from execd.errors import EntryTooLarge, ShuttingDown, from_oserror
+from execd.errors import EntryTooLarge, LimitExceeded, ShuttingDown, from_oserror
 from execd.fit import fit_list, result_budget
 from execd.ledger_store import (
     DATA_SUFFIX,
@@ -142,11 +147,28 @@ class LedgerStore:
                 if self._closed:
                     raise ShuttingDown("the ledger store is closed")
                 if slot.file is None:
+                    self._make_room()
                     slot.file = await _blocking(LedgerFile.open, self.directory, session)
                 yield slot.file
         finally:
             slot.users -= 1
             self._evict()
+
+    def _make_room(self) -> None:
+        """Room for one more open ledger: close the least recently used idle one if all
+        ``max_open`` are open, or refuse when every one of them is in use."""
+        opened = [(name, slot) for name, slot in self._slots.items() if slot.file is not None]
+        if len(opened) < self._max_open:
+            return
+        for name, slot in opened:
+            if slot.users == 0 and slot.file is not None:
+                del self._slots[name]
+                slot.file.close()
+                return
+        raise LimitExceeded(
+            f"too many ledgers in use at once (limit {self._max_open})",
+            {"limit": self._max_open},
+        )
 
     def _evict(self) -> None:
         excess = len(self._slots) - self._max_open
@@ -289,8 +311,13 @@ def _wire(head: Head) -> LedgerHead:
 class LedgerCapability:
     """The ``ledger.*`` RPC methods over the ledgers in ``config.ledger_dir``."""
 
-    def __init__(self, config: Config) -> None:
-        self.store = LedgerStore(config.ledger_dir, max_list=config.limits.max_list_entries)
+    def __init__(self, config: Config, open_files: Budget | None = None) -> None:
+        self.store = LedgerStore(
+            config.ledger_dir, max_open=LEDGERS_OPEN, max_list=config.limits.max_list_entries
+        )
+        self._open_files = (
+            open_files if open_files is not None else budget.open_files(config.limits)
+        )
 
     def methods(self) -> list[Method]:
         """The dispatch-table entries of this capability."""
@@ -330,7 +357,12 @@ class LedgerCapability:
         async def send(data: bytes) -> None:
             await ctx.send(rpc.ENTRIES_STREAM, data)
 
-        outcome = await self.store.read(params.session, params.from_seq, params.limit, send)
+        # The reader's two descriptors (data and index), held while the records stream.
+        give_back = self._open_files.take(abs(ctx.connection_id), 2)
+        try:
+            outcome = await self.store.read(params.session, params.from_seq, params.limit, send)
+        finally:
+            give_back()
         await ctx.send(rpc.ENTRIES_STREAM, b"", end=True)
         return ReadResult(last_seq=outcome.last_seq, count=outcome.count, head=_wire(outcome.head))
 

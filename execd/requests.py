@@ -2,23 +2,29 @@
 
 Theory of operation
 -------------------
-A call that carries a request id (``rid``, PROTOCOL.md section 8.1) is
-*tracked* when :meth:`RequestTable.track` finds its id new. The dispatcher
-runs the method's handler with a context of its own for tracked calls (its
-output kept, its connection a virtual one, see ``server._TrackedContext``)
-and hands the outcome (the encoded result, or the error) to
-:meth:`RequestTable.finish` right after answering as usual (nothing runs in
-between: a copy of the call finds the outcome kept).
+This module is one layer around the server's dispatch: the dispatcher runs
+every call the same way, with a context (:class:`Dispatched`) it tells the
+call's fate (running on, finished with an outcome, cancelled), and this
+layer decides what those mean. A call without a request id gets the
+server's plain context, whose hooks do nothing. A call that carries one
+(``rid``, PROTOCOL.md section 8.1) goes through
+:meth:`RequestTable.dispatch`: a connection-scoped method keeps the plain
+context; a known id runs an attach to its request instead of the method; a
+new id is *tracked*: its handler runs with a :class:`TrackedCall` (its
+output kept, its connection a virtual one) whose hooks hand the outcome (the
+encoded result, or the error) to :meth:`RequestTable.finish` right after the
+call is answered as usual (nothing runs in between: a copy of the call finds
+the outcome kept).
 
 A tracked call gets a :class:`Request`, its record while it runs, only once
 something needs one (:meth:`RequestTable.open`): when its handler first
 sends output, or when the call is not over once its dispatch returns (it
-suspended, or its first step was left to a task). Until then nothing but
-the call itself can look for it: no other frame is processed while a call
-is dispatched. So a call that answers at once (a no-op, a small file read)
-costs the table no record, only its outcome kept; any other is registered
-before the next frame is read, and from then on a connection that closes,
-or a copy of the call, finds it.
+suspended, or its first step was left to a task: :meth:`TrackedCall.running`).
+Until then nothing but the call itself can look for it: no other frame is
+processed while a call is dispatched. So a call that answers at once (a
+no-op, a small file read) costs the table no record, only its outcome kept;
+any other is registered before the next frame is read, and from then on a
+connection that closes, or a copy of the call, finds it.
 Three things set a tracked call apart from any other:
 
 * **It does not belong to its connection.** The handler's task is the
@@ -55,11 +61,12 @@ STREAM_ERROR before anything is sent.
 Once a call has finished, the client either got its output or lost it with
 the connection, and the server cannot tell which from the answer alone. So
 after answering a call that keeps at least :data:`RECEIPT_MIN` bytes of
-output, the server pings the connection (one ping in flight per connection):
-the peer answers pings in order with its other frames, so its pong proves
-that it received every chunk sent before the ping, and those bytes are let
-go (:meth:`RequestTable.received`); the outcome and the streams' offsets
-stay. Without that, every finished large read would pin its blocks for as
+output, the table has the server ping the connection (one ping in flight per
+connection; the server tells it of every answer and every pong:
+:meth:`RequestTable.answered`, :meth:`RequestTable.pong`): the peer answers
+pings in order with its other frames, so its pong proves that it received
+every chunk sent before the ping, and those bytes are let go; the outcome and
+the streams' offsets stay. Without that, every finished large read would pin its blocks for as
 long as the retention window keeps it (up to ``request_retention_bytes``),
 and each read's blocks would land in fresh memory. Output of a call that is
 still running is kept as above. A per-stream lock orders a live send
@@ -94,8 +101,8 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
 
 import msgspec
 
@@ -143,6 +150,36 @@ KeptStream = tuple[str, int, tuple[bytes, ...], bool]
 #: took.
 Finished = tuple[int, Kept, tuple[KeptStream, ...]]
 Callback = Callable[[], Awaitable[None] | None]
+#: What a tracked call whose upload was cut by a lost connection fails with.
+UPLOAD_LOST: Final = "the connection was lost while the call's upload was received"
+
+
+class Dispatched(CallContext, Protocol):
+    """The context a dispatcher runs a call with: a handler's, plus the call's fate.
+
+    The dispatcher calls :meth:`running` once the call is not over when its
+    dispatch returns, and then exactly one of :meth:`finished` (with the
+    encoded result or the error it answered) and :meth:`cancelled`.
+    """
+
+    def running(self) -> None:
+        """The call runs on past its dispatch."""
+        ...
+
+    def finished(self, outcome: bytes | ExecdError) -> None:
+        """The call was answered with ``outcome`` (an encoded result, or an error)."""
+        ...
+
+    def cancelled(self) -> None:
+        """The call's handler was cancelled (by its caller, or by a lost connection)."""
+        ...
+
+    def upload_lost(self) -> ExecdError | None:
+        """What the call is answered when its connection was lost under its upload.
+
+        None: nothing (the call is lost with its connection, PROTOCOL.md section 8).
+        """
+        ...
 
 
 class _Output:
@@ -260,6 +297,77 @@ class Request:
             out.trim(table.keep)
 
 
+class TrackedCall:
+    """The context of a call with a new request id: its output kept, its connection virtual.
+
+    Its output goes through the call's :class:`Request`, opened on first need
+    (:meth:`open`: most calls answer without), which keeps it for an attach.
+    Uploads and events are its own call's, on ``origin`` (the plain context of
+    the connection it came on), as for any call. Its :attr:`connection_id` is
+    a virtual connection's: closing the real one must not stop what tracked
+    calls started; one per connection, so that a call can still name another
+    by its call id (``shell.signal``), and its ``on_close`` callbacks run once
+    the connection is closed and every tracked call it started has ended.
+    """
+
+    __slots__ = ("_origin", "_table", "method", "request", "rid")
+
+    def __init__(self, table: RequestTable, origin: CallContext, rid: bytes, method: str) -> None:
+        self._table = table
+        self._origin = origin
+        self.rid = rid
+        self.method = method
+        #: The call's record, once opened.
+        self.request: Request | None = None
+
+    @property
+    def call_id(self) -> int:
+        return self._origin.call_id
+
+    @property
+    def connection_id(self) -> int:
+        return -self._origin.connection_id
+
+    @property
+    def max_chunk(self) -> int:
+        req = self.request
+        return self._origin.max_chunk if req is None else req.max_chunk
+
+    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
+        await self.open().send(stream, data, end=end)
+
+    def receive(self, stream: str) -> AsyncIterator[bytes]:
+        return self._origin.receive(stream)
+
+    async def push_event(self, topic: int, name: str, data: Any) -> None:
+        await self._origin.push_event(topic, name, data)
+
+    def on_close(self, callback: Callback) -> None:
+        self._table.on_virtual_close(self.connection_id, callback)
+
+    def open(self) -> Request:
+        """The call's record, opened (and registered as running) if it is not yet."""
+        req = self.request
+        if req is None:
+            req = self.request = self._table.open(self.rid, self.method, self._origin)
+        return req
+
+    # -- its fate, from the dispatcher ----------------------------------------------
+
+    def running(self) -> None:
+        self.open()  # it runs on: from now on others must find it
+
+    def finished(self, outcome: bytes | ExecdError) -> None:
+        self._table.finish(self.rid, outcome, self.request)
+
+    def cancelled(self) -> None:
+        self._table.cancelled(self.rid, self.method, self.request)
+
+    def upload_lost(self) -> ExecdError | None:
+        # It outlives its connection, to be answered on another.
+        return StreamError(UPLOAD_LOST)
+
+
 class RequestTable:
     """Every request id execd knows: running, kept, and recently evicted."""
 
@@ -287,10 +395,10 @@ class RequestTable:
         # how many of its calls still run (counted when it closes, not per call).
         self._virtual_callbacks: dict[int, list[Callback]] = {}
         self._closed_running: dict[int, int] = {}
-        #: Per connection: the ids of finished requests answered on it whose kept output
-        #: waits for proof of receipt (empty, the server need not ask :meth:`ping_due`).
-        #: Ids, not requests: an evicted request is not held on to by these lists.
-        self.unproved: dict[int, list[bytes]] = {}
+        # Per connection: the ids of finished requests answered on it whose kept output
+        # waits for proof of receipt. Ids, not requests: an evicted request is not held
+        # on to by these lists.
+        self._unproved: dict[int, list[bytes]] = {}
         # Per connection: the ids the ping in flight covers, with its seq.
         self._pinged: dict[int, tuple[int, list[bytes]]] = {}
         self.kept_bytes = 0
@@ -302,6 +410,19 @@ class RequestTable:
 
     def methods(self) -> list[Method]:
         return bind(self, api.RPCS)
+
+    def dispatch(self, method: Method, origin: Dispatched, rid: bytes) -> tuple[Method, Dispatched]:
+        """What runs a call of ``method`` carrying ``rid``, and the context it runs with.
+
+        ``origin``: the call's plain context on its connection. A new id runs
+        the method with a :class:`TrackedCall`; a known id an attach to its
+        request with ``origin``; a connection-scoped method itself with
+        ``origin`` (see :meth:`track`).
+        """
+        method, new = self.track(rid, method)
+        if new:
+            return method, TrackedCall(self, origin, rid, method.name)
+        return method, origin
 
     def track(self, rid: bytes, method: Method) -> tuple[Method, bool]:
         """What runs a call of ``method`` carrying request id ``rid``, and whether it is tracked.
@@ -349,7 +470,7 @@ class RequestTable:
         survivors: list[int] = []
         loop = asyncio.get_running_loop()
         # No receipt will come: what waited for one stays kept for an attach.
-        self.unproved.pop(connection_id, None)
+        self._unproved.pop(connection_id, None)
         self._pinged.pop(connection_id, None)
         for req in self._running.values():
             if req.origin_connection == connection_id:
@@ -475,31 +596,36 @@ class RequestTable:
         """Request ``rid`` (``output`` bytes kept) is answered on ``connection_id``: let its
         output go once received there."""
         if output >= RECEIPT_MIN:
-            waiting = self.unproved.setdefault(connection_id, [])
+            waiting = self._unproved.setdefault(connection_id, [])
             waiting.append(rid)
             if len(waiting) > self.max_count:
                 # A peer that leaves pings unanswered: the oldest wait for eviction instead.
                 del waiting[0]
 
-    def ping_due(self, connection_id: int) -> bool:
-        """Whether the server should ping ``connection_id`` now (see :meth:`pinged`)."""
-        return connection_id in self.unproved and connection_id not in self._pinged
+    def answered(self, connection_id: int, ping: Callable[[], int | None]) -> None:
+        """A call was answered on ``connection_id``: prove receipt of kept output, if any waits.
 
-    def pinged(self, connection_id: int, seq: int) -> None:
-        """The server sent ``ping(seq)`` on ``connection_id``, after every answer so far."""
-        waiting = self.unproved.pop(connection_id, None)
-        if waiting:
-            self._pinged[connection_id] = (seq, waiting)
+        ``ping`` sends a Ping on the connection, behind every answer so far,
+        and returns its seq (None: the connection is gone). One ping is in
+        flight per connection; its pong (:meth:`pong`) lets the output go.
+        """
+        if connection_id in self._unproved and connection_id not in self._pinged:
+            seq = ping()
+            if seq is not None:
+                waiting = self._unproved.pop(connection_id, None)
+                if waiting:
+                    self._pinged[connection_id] = (seq, waiting)
 
-    def received(self, connection_id: int, seq: int) -> bool:
-        """``pong(seq)`` came on ``connection_id``; True when another ping is due.
+    def pong(self, connection_id: int, seq: int, ping: Callable[[], int | None]) -> None:
+        """``pong(seq)`` came on ``connection_id`` (``ping`` as for :meth:`answered`).
 
-        The peer received every frame sent before that ping: the kept output
-        of the requests answered before it goes (their outcomes stay).
+        If it answers the ping in flight, the peer received every frame sent
+        before that ping: the kept output of the requests answered before it
+        goes (their outcomes stay), and the next ping goes out if more waits.
         """
         pinged = self._pinged.get(connection_id)
         if pinged is None or pinged[0] != seq:
-            return False  # not ours, or not the latest
+            return  # not ours, or not the latest
         del self._pinged[connection_id]
         finished = self._finished
         for rid in pinged[1]:
@@ -514,7 +640,7 @@ class RequestTable:
             )
             finished[rid] = (size - released, outcome, left)
             self.kept_bytes -= released
-        return connection_id in self.unproved
+        self.answered(connection_id, ping)
 
     def _evict(self) -> None:
         """The window is over a bound: evict the oldest outcomes until it is within both

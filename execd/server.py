@@ -22,10 +22,19 @@ task, which is answered with CANCELLED. When the connection closes, every
 task it started is cancelled and the ``on_close`` callbacks registered by
 handlers run (they kill non-detached commands, drop watches, ...).
 
+The call's context hears how it ended (``running``, ``finished``,
+``cancelled``): a plain call's context ignores that. A call with a request
+id is handed to :meth:`execd.requests.RequestTable.dispatch` first, which
+may give it a context of its own that keeps its outcome, or run an attach
+in its place; that module is the whole of request tracking, and the
+dispatch here is the same for every call.
+
 Every answer fits the client's frame cap: a result that does not fit is
 answered with TOO_LARGE (handlers whose results grow with data fit them
 themselves, see :mod:`execd.fit`), and an error is cut until it fits. Params
-nested too deeply to decode are INVALID_PARAMS, like any other bad params.
+nested deeper than ``MAX_NESTING - 1`` levels (PROTOCOL.md section 3, held by
+:func:`protocol.codec.decode_payload`) are INVALID_PARAMS, like any other bad
+params.
 
 The :class:`Server` also keeps the lease: with ``--lease`` set, execd
 shuts down (the path that cleans up by marker) once no authenticated client
@@ -34,6 +43,16 @@ only connections that stay silent (a harness that vanished without closing
 TCP). Any frame from an authenticated client holds the lease; the client's
 keepalive pings hold it while the harness lives. One timer, re-armed for the
 moment the lease would run out, checks it.
+
+Liveness. A peer that vanished without a FIN or RST (a blackholed route, a
+machine that lost power) leaves its connection open on execd's side for
+good: TCP only notices when it has something unacknowledged to send. So one
+timer sweeps the authenticated connections every quarter of
+``Limits.idle_timeout``: a connection execd has heard nothing from for half
+of it gets a ping (the peer MUST answer, PROTOCOL.md section 11, whatever
+else it is doing), and one that stays silent for the whole of it is given up:
+aborted without waiting for its buffered output, so its descriptor and its
+calls are released as for a reset (calls with a request id keep their grace).
 """
 
 from __future__ import annotations
@@ -59,12 +78,11 @@ from execd.errors import (
     ExecdError,
     InternalError,
     InvalidParams,
-    StreamError,
     TooLarge,
     UnknownMethod,
 )
 from execd.memory import Trimmer
-from execd.requests import Request, RequestTable
+from execd.requests import Dispatched, RequestTable
 from protocol import limits
 from protocol.bridge import FramedProtocol
 from protocol.codec import ENCODER, NestingTooDeep, decode_payload, to_raw
@@ -80,7 +98,6 @@ _NIL = msgspec.Raw(b"\xc0")
 _SHORT_MESSAGE = 256
 #: Seconds between two log lines about shed connections.
 _SHED_LOG_INTERVAL = 5.0
-_UPLOAD_LOST = "the connection was lost while the call's upload was received"
 
 
 class _CallContext:
@@ -124,53 +141,20 @@ class _CallContext:
     def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
         self._proto.add_close_callback(callback)
 
+    # The call's fate: nothing to keep for a plain call (a call with a request id is run
+    # with execd.requests.TrackedCall instead, whose hooks keep its outcome).
 
-class _TrackedContext(_CallContext):
-    """The CallContext of a call with a request id (:mod:`execd.requests`).
+    def running(self) -> None:
+        pass
 
-    Its output goes through the call's :class:`~execd.requests.Request`, which
-    keeps it for an attach, and its connection is a virtual one (below).
-    Uploads and events are its own call's, as for any call. The request is
-    opened on first need (:meth:`open`): most calls answer without.
-    """
+    def finished(self, outcome: bytes | ExecdError) -> None:
+        pass
 
-    __slots__ = ("method", "request", "rid")
+    def cancelled(self) -> None:
+        pass
 
-    def __init__(self, proto: ServerProtocol, call_id: int, rid: bytes, method: str) -> None:
-        self._proto = proto
-        self._call_id = call_id
-        self.rid = rid
-        self.method = method
-        #: The call's record, once opened.
-        self.request: Request | None = None
-
-    @property
-    def connection_id(self) -> int:
-        # Not the connection's own: closing it must not stop what tracked calls started.
-        # One per connection, so that a call can still name another by its call id
-        # (shell.signal), and on_close runs once the connection is closed and every
-        # tracked call it started has ended.
-        return -self._proto.connection_id
-
-    @property
-    def max_chunk(self) -> int:
-        req = self.request
-        return self._proto.conn.max_chunk if req is None else req.max_chunk
-
-    async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
-        await self.open().send(stream, data, end=end)
-
-    def on_close(self, callback: Callable[[], Awaitable[None] | None]) -> None:
-        self._proto.server.requests.on_virtual_close(-self._proto.connection_id, callback)
-
-    def open(self) -> Request:
-        """The call's record, opened (and registered as running) if it is not yet."""
-        req = self.request
-        if req is None:
-            proto = self._proto
-            origin = _CallContext(proto, self._call_id)
-            req = self.request = proto.server.requests.open(self.rid, self.method, origin)
-        return req
+    def upload_lost(self) -> ExecdError | None:
+        return None  # lost with its connection, like every call of it
 
 
 def _bind_literal(host: str, port: int) -> socket.socket | None:
@@ -225,6 +209,10 @@ class ServerProtocol(FramedProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._pings = 0
+        #: ``last_received`` when execd last pinged this connection for liveness.
+        self.liveness_ping_for = -1.0
+        #: What the request table pings this connection with (bound once: it goes by often).
+        self._receipt_ping = self.ping
         #: Largest encoded result that fits one reply frame to this client (known once
         #: the handshake has set the client's frame cap; no call comes before).
         self.max_result = 0
@@ -282,6 +270,12 @@ class ServerProtocol(FramedProtocol):
         else:
             self._close_callbacks.append(callback)
 
+    def give_up(self, message: str) -> None:
+        """Close a connection whose peer is gone, dropping what it still buffers."""
+        self.abort(None, code=ErrorCode.GOING_AWAY, message=message)
+        if self.transport is not None:
+            self.transport.abort()  # a close would wait for a peer that never acknowledges
+
     # -- events --------------------------------------------------------------
 
     def handle_event(self, event: ConnectionEvent) -> None:
@@ -303,19 +297,25 @@ class ServerProtocol(FramedProtocol):
             self.server.authenticated(self)
             self.server.requests.connection_opened(self.conn.server_nonce)
         elif isinstance(event, Pong):
-            if self.server.requests.received(self.connection_id, event.seq):
-                self._ping()
+            self.server.requests.pong(self.connection_id, event.seq, self._receipt_ping)
         elif isinstance(event, Abort):
             self.abort(None)
 
-    def _ping(self) -> None:
-        """Ping, so that the pong proves receipt of the answers sent so far (execd.requests)."""
+    def ping(self) -> int | None:
+        """Ping the client: its pong proves it alive, and that it received what came before.
+
+        The ping's seq; None when the connection is gone. The request table
+        (:mod:`execd.requests`) pings for proof of receipt, the server's
+        liveness sweep for a sign of life.
+        """
+        if self.closed:
+            return None
         self._pings += 1
         try:
             self.send(Ping(seq=self._pings))
         except ConnectionLost:
-            return
-        self.server.requests.pinged(self.connection_id, self._pings)
+            return None
+        return self._pings
 
     def _cancelled(self, call_id: int, task: asyncio.Task[None]) -> None:
         if self._tasks.get(call_id) is task:
@@ -340,38 +340,19 @@ class ServerProtocol(FramedProtocol):
                 )
             self._answer_error(call.id, InvalidParams(f"invalid params for {method.name}: {exc}"))
             return
-        ctx: _CallContext
-        tracked = None
-        if call.rid is None:
-            ctx = _CallContext(self, call.id)
-        else:
-            method, new = server.requests.track(call.rid, method)
-            if new:
-                ctx = tracked = _TrackedContext(self, call.id, call.rid, method.name)
-            else:
-                ctx = _CallContext(self, call.id)
+        ctx: Dispatched = _CallContext(self, call.id)
+        if call.rid is not None:
+            method, ctx = server.requests.dispatch(method, ctx, call.rid)
         # Named for the method: a fixed string costs nothing, a numbered name would.
         task = calls.start(
-            self._loop, self._run(call.id, method, params, ctx, tracked), method.name, method.direct
+            self._loop, self._run(call.id, method, params, ctx), method.name, method.direct
         )
         if task is not None:
             self._tasks[call.id] = task
-            if tracked is not None:
-                tracked.open()  # it runs on: from now on others must find it (execd.requests)
+            ctx.running()
 
-    async def _run(
-        self,
-        call_id: int,
-        method: Method,
-        params: Any,
-        ctx: _CallContext,
-        tracked: _TrackedContext | None,
-    ) -> None:
-        """Run one call's handler and answer it; a tracked call also keeps its outcome.
-
-        ``tracked`` is ``ctx`` itself for a call with a new request id, else None.
-        """
-        table = self.server.requests
+    async def _run(self, call_id: int, method: Method, params: Any, ctx: Dispatched) -> None:
+        """Run one call's handler and answer it; ``ctx`` hears how the call ended."""
         try:
             error: ExecdError | None
             try:
@@ -380,16 +361,14 @@ class ServerProtocol(FramedProtocol):
                 del result  # a large result is held once (as its encoding), not twice
             except asyncio.CancelledError:
                 self._tasks.pop(call_id, None)
-                if tracked is not None:
-                    table.cancelled(tracked.rid, method.name, tracked.request)
+                ctx.cancelled()
                 if not self.closed:
                     self._answer_error(call_id, Cancelled(f"{method.name} was cancelled"))
                 raise
             except ExecdError as exc:
                 error = exc
             except ConnectionLost:
-                # Only a tracked call outlives its connection, to be answered on another.
-                error = None if tracked is None else StreamError(_UPLOAD_LOST)
+                error = ctx.upload_lost()
             except Exception:
                 log.exception("connection %d: %s failed", self.connection_id, method.name)
                 error = InternalError(f"internal error in {method.name}")
@@ -402,21 +381,18 @@ class ServerProtocol(FramedProtocol):
                     if not self.closed:
                         self._reply(call_id, method, msgspec.Raw(encoded))
                 finally:
-                    if tracked is not None:
-                        table.finish(tracked.rid, encoded, tracked.request)
+                    ctx.finished(encoded)
                 return
             self._tasks.pop(call_id, None)
             if error is not None:
                 try:
                     self._answer_error(call_id, error)
                 finally:
-                    if tracked is not None:
-                        table.finish(tracked.rid, error, tracked.request)
+                    ctx.finished(error)
         finally:
             # Large buffers the call held are free now: look at the heap in a moment.
             self.server.trimmer.activity()
-            if table.unproved and not self.closed and table.ping_due(self.connection_id):
-                self._ping()
+            self.server.requests.answered(self.connection_id, self._receipt_ping)
 
     def _reply(self, call_id: int, method: Method, payload: msgspec.Raw) -> None:
         budget = self.max_result
@@ -497,6 +473,7 @@ class Server:
         self._background: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._lease_timer: asyncio.TimerHandle | None = None
+        self._liveness_timer: asyncio.TimerHandle | None = None
         self._lease_since = time.monotonic()
         self.stopping = asyncio.Event()
         self.host = config.host
@@ -528,6 +505,7 @@ class Server:
         self.host, self.port = sock.getsockname()[:2]
         self.trimmer.start()
         self._arm_lease()
+        self._sweep_silent()
 
     def admit(self, proto: ServerProtocol) -> bool:
         """Count a new connection in, shedding an unauthenticated one if need be.
@@ -601,6 +579,27 @@ class Server:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _sweep_silent(self) -> None:
+        """Ping authenticated connections silent for half the idle timeout; give up on those
+        silent for all of it (see the module docstring). Re-arms itself."""
+        idle = self.config.limits.idle_timeout
+        now = time.monotonic()
+        for proto in list(self._authenticated):
+            heard = proto.last_received
+            if now - heard >= idle:
+                log.info(
+                    "connection %d: nothing received for %.0f s; giving it up",
+                    proto.connection_id,
+                    now - heard,
+                )
+                proto.give_up(f"nothing received for {now - heard:.0f} s")
+            elif now - heard >= idle / 2 and proto.liveness_ping_for != heard:
+                proto.liveness_ping_for = heard
+                proto.ping()
+        if not self.stopping.is_set():
+            loop = asyncio.get_running_loop()
+            self._liveness_timer = loop.call_later(idle / 4, self._sweep_silent)
+
     def _arm_lease(self) -> None:
         if self.config.lease is None or self.stopping.is_set():
             return
@@ -631,6 +630,8 @@ class Server:
         """Stop listening, drop every connection, wait for background work."""
         if self._lease_timer is not None:
             self._lease_timer.cancel()
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
         self.trimmer.stop()
         if self._server is not None:
             self._server.close()

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from execd import pipes
@@ -32,6 +32,8 @@ from execd.service_log import FOLLOW_CHUNK, FOLLOW_POLL, LogFile
 from protocol.rpc import services as rpc
 
 _LINE_CAP = 64 * 1024
+Counted = Callable[[Callable[[], spawning.Child]], spawning.Child]
+"""Starts a process within execd's process budget (``CommandCapability._counted``)."""
 _MAX_ATTEMPT_CONNECT = 2.0
 
 
@@ -67,11 +69,14 @@ async def wait_ready(
     log_offset: int,
     env: Mapping[str, str],
     cwd: str | None,
+    counted: Counted,
 ) -> None:
     """Return once the probe succeeds (runs until cancelled otherwise).
 
     ``log_offset`` is where this start's output begins in ``log_file``;
-    ``env`` and ``cwd`` are the service's, for a command probe.
+    ``env`` and ``cwd`` are the service's, for a command probe, which
+    ``counted`` starts within the process budget (its failure to find room,
+    PROCESS_LIMIT, fails the probe).
     """
     probe = readiness.probe
     if isinstance(probe, rpc.TcpProbe):
@@ -81,7 +86,7 @@ async def wait_ready(
         await _probe_log(log_file, log_offset, readiness.pattern)
     else:
         assert isinstance(probe, rpc.CommandProbe) and readiness.argv is not None
-        await _probe_command(readiness.argv, probe, env, cwd)
+        await _probe_command(readiness.argv, probe, env, cwd, counted)
 
 
 async def _probe_tcp(probe: rpc.TcpProbe) -> None:
@@ -128,10 +133,14 @@ def _discard(_: bytes) -> None:
 
 
 async def _probe_command(
-    argv: list[str], probe: rpc.CommandProbe, env: Mapping[str, str], cwd: str | None
+    argv: list[str],
+    probe: rpc.CommandProbe,
+    env: Mapping[str, str],
+    cwd: str | None,
+    counted: Counted,
 ) -> None:
     while True:
-        child = spawning.spawn(argv, env=env, cwd=cwd)
+        child = counted(lambda: spawning.spawn(argv, env=env, cwd=cwd))
         readers = (
             pipes.PipeReader(child.stdout, sink=_discard),
             pipes.PipeReader(child.stderr, sink=_discard),

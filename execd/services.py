@@ -51,6 +51,7 @@ from typing import Any
 
 from execd import marker, pipes
 from execd import spawn as spawning
+from execd.budget import Budget
 from execd.commands import (
     CommandCapability,
     close_each,
@@ -196,8 +197,10 @@ class ServicesCapability(CommandCapability):
 
     rpcs = rpc.RPCS
 
-    def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        super().__init__(config, base_env, "services")
+    def __init__(
+        self, config: Config, base_env: dict[str, str], processes: Budget | None = None
+    ) -> None:
+        super().__init__(config, base_env, "services", processes)
         self._services: dict[str, _Service] = {}
 
     async def close(self) -> None:
@@ -285,7 +288,9 @@ class ServicesCapability(CommandCapability):
         offset = rec.log.size()
         plan = self._resources.plan(spec.limits)
         try:
-            child = spawning.spawn(spec.argv, env=spec.env, cwd=spec.cwd, limits=plan)
+            child = self._counted(
+                lambda: spawning.spawn(spec.argv, env=spec.env, cwd=spec.cwd, limits=plan)
+            )
         except BaseException:
             if plan is not None:
                 plan.release()
@@ -426,7 +431,7 @@ class ServicesCapability(CommandCapability):
         exited = inst.child.exited
         spec = rec.spec
         task: asyncio.Task[None] = asyncio.ensure_future(
-            wait_ready(readiness, rec.log, inst.log_offset, spec.env, spec.cwd)
+            wait_ready(readiness, rec.log, inst.log_offset, spec.env, spec.cwd, self._counted)
         )
         racing: set[asyncio.Future[Any]] = {task, exited}
         try:

@@ -68,6 +68,7 @@ import msgspec
 
 from execd import marker, pipes, procfs
 from execd import spawn as spawning
+from execd.budget import Budget
 from execd.commands import (
     SHELL,
     CommandCapability,
@@ -271,8 +272,10 @@ class SessionsCapability(CommandCapability):
 
     rpcs = rpc.RPCS
 
-    def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        super().__init__(config, base_env, "sessions")
+    def __init__(
+        self, config: Config, base_env: dict[str, str], processes: Budget | None = None
+    ) -> None:
+        super().__init__(config, base_env, "sessions", processes)
         self._sessions: dict[str, _Session] = {}
 
     async def close(self) -> None:
@@ -424,11 +427,13 @@ class SessionsCapability(CommandCapability):
         plan = None
         try:
             plan = self._resources.plan(params.limits)
-            child = spawning.spawn(
-                [SHELL, "-c", _DRIVER, "execd-session", directory],
-                env=env,
-                cwd=params.cwd,
-                limits=plan,
+            child = self._counted(
+                lambda: spawning.spawn(
+                    [SHELL, "-c", _DRIVER, "execd-session", directory],
+                    env=env,
+                    cwd=params.cwd,
+                    limits=plan,
+                )
             )
         except BaseException:
             if plan is not None:

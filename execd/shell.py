@@ -48,6 +48,7 @@ from typing import Any
 
 from execd import commands, pipes
 from execd import spawn as spawning
+from execd.budget import Budget
 from execd.commands import CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext, ConnectionLost
@@ -57,7 +58,6 @@ from execd.errors import (
     InvalidParams,
     LimitExceeded,
     NoSuchProcess,
-    ProcessLimit,
 )
 from execd.fit import CAPTURE_FIELDS, encoded_size, ensure_fits, fit_list, result_budget
 from execd.output import ByteRing, HeadTailBuffer, fit_pair
@@ -347,8 +347,10 @@ class ShellCapability(CommandCapability):
 
     rpcs = rpc.RPCS
 
-    def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        super().__init__(config, base_env, "shell")
+    def __init__(
+        self, config: Config, base_env: dict[str, str], processes: Budget | None = None
+    ) -> None:
+        super().__init__(config, base_env, "shell", processes)
         self._live = 0
         self._calls: dict[tuple[int, int], _Command] = {}
         self._hooked: set[int] = set()
@@ -397,22 +399,24 @@ class ShellCapability(CommandCapability):
             kill_grace=limits.kill_grace if params.kill_grace is None else params.kill_grace,
         )
 
-    def _spawn(self, params: rpc.RunParams, argv: list[str]) -> spawning.Child:
+    def _spawn(
+        self, params: rpc.RunParams, argv: list[str], connection: int | None
+    ) -> spawning.Child:
+        """Start the command, counted against the process budget (``connection``'s share
+        too, for a command that runs for its call)."""
         self._check_open()
-        if self._live >= self._limits.max_processes:
-            raise ProcessLimit(
-                f"too many running commands (limit {self._limits.max_processes})",
-                {"limit": self._limits.max_processes},
-            )
         env = command_environment(self._base_env, (self._marker_var,), params.env, params.unset)
         plan = self._resources.plan(params.limits)
         try:
-            child = spawning.spawn(
-                argv,
-                env=env,
-                cwd=params.cwd,
-                stdin_pipe=params.stdin is not None or params.stdin_stream,
-                limits=plan,
+            child = self._counted(
+                lambda: spawning.spawn(
+                    argv,
+                    env=env,
+                    cwd=params.cwd,
+                    stdin_pipe=params.stdin is not None or params.stdin_stream,
+                    limits=plan,
+                ),
+                connection,
             )
         except BaseException:
             if plan is not None:
@@ -447,7 +451,8 @@ class ShellCapability(CommandCapability):
         cap = self._limits.output_cap
         if params.output_cap is not None:
             cap = min(cap, params.output_cap)
-        child = self._spawn(params, argv)
+        # A call with a request id runs on its connection's virtual one: the same share.
+        child = self._spawn(params, argv, abs(ctx.connection_id))
         buffers: tuple[HeadTailBuffer, HeadTailBuffer] | None = None
         if params.stream:
             cmd = _Command(child, opts, self._background.spawn, sinks=None, stream_ctx=ctx)
@@ -490,7 +495,7 @@ class ShellCapability(CommandCapability):
                 f"too many detached commands (limit {self._limits.max_detached})",
                 {"limit": self._limits.max_detached},
             )
-        child = self._spawn(params, argv)
+        child = self._spawn(params, argv, None)
         if finished:
             # The oldest finished record whose status nobody read makes room.
             self._forget(finished[0])

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from execd import commands, pipes, procfs, reaper
 from execd import spawn as spawning
+from execd.budget import Budget
 from execd.commands import SHELL, CommandCapability, command_argv, command_environment, title_of
 from execd.config import Config
 from execd.context import CallContext
@@ -52,7 +53,6 @@ from execd.errors import (
     AlreadyExited,
     LimitExceeded,
     NoSuchProcess,
-    ProcessLimit,
     SpawnFailed,
 )
 from execd.fit import ensure_fits
@@ -135,6 +135,11 @@ class _Terminal:
     task: asyncio.Task[None] | None = None
     closing: asyncio.Task[None] | None = None
 
+    @property
+    def exited(self) -> asyncio.Future[int]:
+        """The program's exit status, once reaped."""
+        return self.child.exited
+
     def info(self) -> rpc.TerminalInfo:
         info = rpc.TerminalInfo(
             terminal_id=self.terminal_id,
@@ -160,8 +165,10 @@ class TerminalCapability(CommandCapability):
 
     rpcs = rpc.RPCS
 
-    def __init__(self, config: Config, base_env: dict[str, str]) -> None:
-        super().__init__(config, base_env, "terminal")
+    def __init__(
+        self, config: Config, base_env: dict[str, str], processes: Budget | None = None
+    ) -> None:
+        super().__init__(config, base_env, "terminal", processes)
         self._terminals: dict[str, _Terminal] = {}
 
     async def close(self) -> None:
@@ -179,12 +186,6 @@ class TerminalCapability(CommandCapability):
     async def terminal_open(self, params: rpc.OpenParams, ctx: CallContext) -> rpc.TerminalInfo:
         """``terminal.open``: start a program on a new terminal."""
         self._check_open()
-        running = sum(1 for t in self._terminals.values() if not t.done.is_set())
-        if running >= self._limits.max_processes:
-            raise ProcessLimit(
-                f"too many running terminals (limit {self._limits.max_processes})",
-                {"limit": self._limits.max_processes},
-            )
         if len(self._terminals) >= self._limits.max_detached:
             raise LimitExceeded(
                 f"too many terminals (limit {self._limits.max_detached})",
@@ -208,8 +209,10 @@ class TerminalCapability(CommandCapability):
             limits=dict.fromkeys(LIMIT_NAMES, "unavailable") if params.limits else None,
         )
         ensure_fits(provisional, ctx, "the info of the terminal", spare=_ATTACH_SPARE)
-        plan = self._resources.plan(params.limits)
-        term = self._start(params, argv, env, plan)
+        # The plan is made once the process budget has room (_start releases it on failure).
+        term = self._counted(
+            lambda: self._start(params, argv, env, self._resources.plan(params.limits))
+        )
         self._terminals[term.terminal_id] = term
         term.task = asyncio.ensure_future(self._supervise(term))
         return term.info()

@@ -51,6 +51,12 @@ MAX_STREAMS_PER_CALL = 8
 MAX_U63 = 2**63 - 1
 #: Largest call id.
 MAX_CALL_ID = MAX_U63
+#: Deepest nesting of arrays and maps a message body may have; its own map is level one
+#: (PROTOCOL.md section 3). A call's params may nest one level less.
+MAX_NESTING = 512
+#: Most msgpack items a receiver looks at to hold what it skips to MAX_NESTING (the unknown
+#: fields of a message or of a call's params, together), or to find a field nested too deeply.
+MAX_INSPECTED_ITEMS = 1 << 16
 
 #: Cipher names, in this implementation's order of preference.
 CIPHER_NONE = "none"

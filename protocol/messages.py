@@ -39,10 +39,15 @@ class Message(
     tag_field="t",
     kw_only=True,
     omit_defaults=True,
-    forbid_unknown_fields=False,
+    forbid_unknown_fields=True,
     gc=False,
 ):
-    """Base of every wire message."""
+    """Base of every wire message.
+
+    Unknown fields are ignored on the wire (PROTOCOL.md section 3), yet the
+    Structs forbid them: a message that has some is decoded again without
+    them once they are held to the nesting bound (:mod:`protocol.codec`).
+    """
 
 
 # -- handshake ------------------------------------------------------------------

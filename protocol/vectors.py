@@ -267,11 +267,86 @@ def render_messages(messages: Sequence[tuple[str, Message]]) -> str:
     return "\n".join(out)
 
 
+@dataclass(frozen=True, slots=True)
+class NestingVector:
+    """A body whose last value nests ``depth`` levels, and what a receiver does with it.
+
+    The body is ``head`` followed by ``depth - 1`` bytes ``91`` (an array of
+    one item) and one ``90`` (an empty array): the deep value ends the body.
+    ``outcome``: ``"decoded"``, ``"INVALID_MESSAGE"`` (the connection is
+    aborted with 5) or ``"INVALID_PARAMS"`` (the call is answered with 101).
+    """
+
+    label: str
+    head: bytes
+    depth: int
+    outcome: str
+
+    @property
+    def body(self) -> bytes:
+        return self.head + b"\x91" * (self.depth - 1) + b"\x90"
+
+
+def _with_last(message: Message, key: str) -> bytes:
+    """The encoding of ``message`` with one more map entry, ``key``, whose value is left out."""
+    body = encode_message(message)
+    if not 0x80 <= body[0] < 0x8F:
+        raise ValueError("a vector message must encode as a map of fewer than 15 entries")
+    return bytes((body[0] + 1,)) + body[1:] + ENCODER.encode(key)
+
+
+def nesting_vectors() -> list[NestingVector]:
+    """Bodies on both sides of ``MAX_NESTING`` (PROTOCOL.md section 3), for section 16.2.
+
+    An unknown field ``"x"`` of a hello (before the handshake), a ping and a
+    call (after it) nests 511 levels, then 512 (its body one more); then the
+    params of ``server.echo`` carry an unknown key ``"x"`` nested 510 levels,
+    then 511, so that the params nest 511, then 512.
+    """
+    hello = Hello(
+        versions=[1],
+        nonce=_CLIENT_NONCE,
+        ciphers=[limits.CIPHER_NONE],
+        max_frame=limits.MIN_MAX_FRAME,
+        window=limits.MIN_STREAM_WINDOW,
+    )
+    bound = limits.MAX_NESTING
+    vectors: list[NestingVector] = []
+    for name, message in (
+        ("hello", hello),
+        ("ping(seq=1)", Ping(seq=1)),
+        ("call server.echo, id 1", Call(id=1, method="server.echo", params=to_raw({"data": b""}))),
+    ):
+        head = _with_last(message, "x")
+        for depth, outcome in ((bound - 1, "decoded"), (bound, "INVALID_MESSAGE")):
+            label = f'{name}, unknown field "x" nested {depth} levels'
+            vectors.append(NestingVector(label, head, depth, outcome))
+    params = b"\x82\xa4data\xc4\x00\xa1x"  # {"data": b"", "x": ...}
+    call = Call(id=2, method="server.echo")
+    head = _with_last(call, "params") + params
+    for depth, outcome in ((bound - 2, "decoded"), (bound - 1, "INVALID_PARAMS")):
+        label = f'call server.echo, id 2, params with an unknown key "x" nested {depth} levels'
+        vectors.append(NestingVector(label, head, depth, outcome))
+    return vectors
+
+
+def render_nesting(vectors: Sequence[NestingVector]) -> str:
+    """The spec's nesting block: each body as its head in hex, then its deep value."""
+    out = ["```text"]
+    for vector in vectors:
+        out.append(f"{vector.label}: {vector.outcome}")
+        out.extend(_hex_lines("head", vector.head))
+        out.append(f"then: 91 * {vector.depth - 1}, 90")
+    out.extend(["```", ""])
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the vector blocks for PROTOCOL.md."""
     del argv
     sys.stdout.write(render(all_vectors()))
     sys.stdout.write(render_messages(message_vectors()))
+    sys.stdout.write(render_nesting(nesting_vectors()))
     return 0
 
 

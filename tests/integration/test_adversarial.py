@@ -59,6 +59,7 @@ from protocol.rpc import ledger as ledger_rpc
 from protocol.rpc import shell as shell_rpc
 from protocol.rpc import types as rpc_types
 from tests.conftest import eventually, one_loop
+from tests.support.cut_proxy import CutProxy
 from tests.support.daemon import RunningExecd, start_execd
 from tests.support.procs import allow_open_files, cmdline, descriptors
 
@@ -1066,3 +1067,64 @@ async def test_fork_loop_and_the_process_limit(tmp_path: Path) -> None:
     with start_execd(tmp_path, "--max-processes", str(limit)) as running:
         tried = await main(running)
     report("fork_loop_and_process_limit", tried, "PROCESS_LIMIT typed; 50 forks all killed")
+
+
+# -- peers that vanish without a word --------------------------------------------------
+
+
+async def test_a_blackholed_connection_is_given_up(tmp_path: Path) -> None:
+    """A peer gone without FIN or RST: execd pings it, hears nothing, and closes its end.
+
+    A TCP proxy between client and execd drops every byte from some point on
+    and closes nothing, as a vanished route does; the proxy acknowledges what
+    execd sends, so TCP itself never notices. A client that is alive but
+    silent (it sends no keepalives of its own) answers execd's pings and keeps
+    its connection, with a call running or not.
+    """
+    idle = 1.0
+
+    async def main(running: RunningExecd) -> tuple[float, int]:
+        proxy = await CutProxy(running.host, running.port).start()
+        quiet = await harnessd.connect(running.host, running.port, running.token, keepalive=None)
+        vanishing = await harnessd.connect("127.0.0.1", proxy.port, running.token, keepalive=None)
+        try:
+            await vanishing.noop()
+            sleeper = quiet.start(shell_rpc.RUN, shell_rpc.RunParams(argv=["sleep", "60"]))
+            await eventually(
+                lambda: marked_matching(running.marker, "sleep 60"), what="the sleeper running"
+            )
+            before = descriptors(running.pid, running.port)
+            assert proxy.blackhole() == 1
+            cut_at = time.monotonic()
+            await eventually(
+                lambda: proxy.closed_by_upstream == 1,
+                timeout=10 * idle,
+                interval=0.05,
+                what="execd giving up the blackholed connection",
+            )
+            given_up = time.monotonic() - cut_at
+            assert given_up >= idle * 0.75, given_up  # not before it went silent for long enough
+            await eventually(
+                lambda: descriptors(running.pid, running.port) < before,
+                timeout=10,
+                what="the connection's descriptor released",
+            )
+            # The live client, silent for many idle timeouts, is still served, and so is
+            # the call it has running all along.
+            await asyncio.sleep(3 * idle)
+            async with asyncio.timeout(10):
+                await quiet.noop()
+            assert marked_matching(running.marker, "sleep 60")
+            sleeper.cancel()
+            with pytest.raises(errors.Cancelled):
+                await sleeper.result()
+            return given_up, proxy.closed_by_upstream
+        finally:
+            await vanishing.close()
+            await quiet.close()
+            await proxy.close()
+
+    with start_execd(tmp_path, "--idle-timeout", str(idle), "--log-level", "INFO") as running:
+        given_up, closed = await main(running)
+        assert "giving it up" in running.log()
+    report("blackholed_peer", closed, f"given up {given_up:.1f} s after it went silent")

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -36,15 +37,19 @@ import msgspec
 import pytest
 
 import harnessd
+from execd.budget import descriptor_bound
+from execd.config import Limits
 from harnessd import errors
 from harnessd.api import ExecdClient
-from protocol import limits
-from protocol.codec import encode_message, to_raw
+from protocol import limits, vectors
+from protocol.codec import decode_message, encode_message, to_raw
 from protocol.connection import ClientConnection
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, SplitexecError
 from protocol.framing import frame_header
-from protocol.messages import Call, Cancel, Error, Reply
+from protocol.messages import Call, Cancel, Challenge, Error, Pong, Reply
+from tests.conftest import eventually
 from tests.integration.test_adversarial import (
+    RawPeer,
     abort_code,
     authenticated,
     check_healthy,
@@ -55,7 +60,7 @@ from tests.integration.test_adversarial import (
     report,
 )
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import alive, allow_open_files
+from tests.support.procs import alive, allow_open_files, descriptors, live_children
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -612,6 +617,74 @@ async def no_marked_but_detached(daemon: RunningExecd) -> None:
     await no_marked(daemon.marker)
 
 
+def numbered(size: int) -> bytes:
+    """The first ``size`` bytes of ``seq 1 100000``: output whose every stretch is told apart."""
+    return b"".join(b"%d\n" % n for n in range(1, 100_001))[:size]
+
+
+@pytest.mark.parametrize("cipher", [limits.CIPHER_NONE, limits.CIPHER_AESGCM])
+@pytest.mark.parametrize("max_frame", [SMALLEST, SMALLEST + 1, 5000, 8192])
+def test_collected_output_is_fitted_as_section_15_4_says_at_small_caps(
+    max_frame: int, cipher: str, daemon: RunningExecd
+) -> None:
+    """``shell.run`` collected, its output larger than the reply frame: a fitted result, always.
+
+    With ``max_frame = window`` as small as a client may announce, and the
+    cipher's 16 bytes on top: the reply frame fits the cap, each stream keeps
+    its head (the first ``len // 2`` bytes) and its tail with ``*_dropped``
+    bytes between them, the two share the room as PROTOCOL.md section 15.4
+    says, and the call never fails for its size (TOO_LARGE comes only from
+    methods that refuse before acting).
+    """
+    sizes = [(10_000, 0), (0, 10_000), (1_500, 10_000), (10_000, 10_000), (3_000, 3_000), (100, 50)]
+
+    def attack() -> int:
+        peer = RawPeer(daemon)
+        peer.conn = ClientConnection(
+            daemon.token.encode(), ciphers=(cipher,), max_frame=max_frame, window=max_frame
+        )
+        with contextlib.closing(peer):
+            peer.handshake()
+            # The result budget of section 8: the client's cap, less the envelope and tag.
+            sealed = cipher != limits.CIPHER_NONE
+            room = max_frame - limits.REPLY_OVERHEAD - (limits.AEAD_TAG_SIZE if sealed else 0)
+            for out, err in sizes:
+                command = f"seq 1 100000 | head -c {out}; seq 1 100000 | head -c {err} >&2"
+                call_id = peer.start("shell.run", {"command": command})
+                answer = peer.wait_answer(call_id)
+                assert isinstance(answer, Reply), answer
+                assert len(answer.result) <= room, (len(answer.result), room)
+                result = msgspec.msgpack.decode(answer.result)
+                kept: dict[str, int] = {}
+                for stream, total in (("stdout", out), ("stderr", err)):
+                    data, dropped = result.get(stream, b""), result.get(f"{stream}_dropped", 0)
+                    full = numbered(total)
+                    assert len(data) + dropped == total, (stream, len(data), dropped, total)
+                    head = len(data) // 2 if dropped else len(data)
+                    assert data[:head] == full[:head], stream
+                    assert data[head:] == full[total - (len(data) - head) :], stream
+                    kept[stream] = len(data)
+                if kept["stdout"] + kept["stderr"] < out + err:
+                    # Cut together: a capture within half the room is kept whole and the
+                    # other gets the rest, else each gets half; the room is used up (but for
+                    # the other fields of the result, a few dozen bytes).
+                    whole = [
+                        s for s, total in (("stdout", out), ("stderr", err)) if kept[s] == total
+                    ]
+                    if whole:
+                        other = "stderr" if whole == ["stdout"] else "stdout"
+                        assert kept[whole[0]] <= kept[other], kept
+                    else:
+                        assert abs(kept["stdout"] - kept["stderr"]) <= 1, kept
+                    assert sum(kept.values()) >= room - 256, (kept, room)
+            call_id = peer.start("server.echo", {"data": b"alive"})
+            assert isinstance(peer.wait_answer(call_id), Reply)
+        return len(sizes)
+
+    tried = attack()
+    report(f"collected_output {max_frame} {cipher}", tried, "fitted head and tail, never lost")
+
+
 def test_errors_fit_the_smallest_frame_cap(daemon: RunningExecd, tmp_path: Path) -> None:
     async def main() -> None:
         async with clients(daemon, tmp_path) as both:
@@ -695,6 +768,75 @@ def test_fifo_writes_neither_block_nor_starve(daemon: RunningExecd, tmp_path: Pa
 
     tried = asyncio.run(main())
     report("fifo_writes", tried, "NOT_SUPPORTED at once; other connections served")
+
+
+def test_a_fifo_in_the_workspace_answers_every_write_and_cancel(tmp_path: Path) -> None:
+    """``mkfifo ws/f`` then plain writes to ``f`` with no reader, as an outside fuzzer sent them.
+
+    Every write is answered (NOT_SUPPORTED at once, or CANCELLED), with or
+    without a request id, whether its cancel comes right behind it, a moment
+    later or never, and while readers come and go; a cancel never waits on
+    the FIFO; and execd still ends at once when told to.
+    """
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def readers() -> None:
+        # Readers that open the FIFO and go again, as the fuzzer's did.
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+                stop.wait(0.002)
+                os.close(fd)
+
+    def attack(running: RunningExecd) -> dict[str, int]:
+        outcomes: dict[str, int] = {}
+        for with_rid in (False, True):
+            peer = authenticated(running, timeout=5)
+            with contextlib.closing(peer):
+                for index in range(30):
+                    call_id = peer.conn.next_call_id()
+                    params = to_raw({"path": "f", "data": b"x", "atomic": False})
+                    call = Call(
+                        id=call_id,
+                        method="files.write",
+                        params=params,
+                        rid=os.urandom(16) if with_rid else None,
+                    )
+                    frame = bytes(peer.conn.send(call))
+                    if index % 3 == 0:
+                        frame += bytes(peer.conn.send(Cancel(id=call_id)))
+                    peer.send(frame)
+                    if index % 3 == 1:
+                        time.sleep(0.01)
+                        peer.send_message(Cancel(id=call_id))
+                    started = time.monotonic()
+                    answer = peer.wait_answer(call_id)
+                    assert time.monotonic() - started < 3, "an answer took seconds"
+                    assert isinstance(answer, Error), answer
+                    name = ErrorCode(answer.code).name
+                    assert name in ("NOT_SUPPORTED", "CANCELLED"), answer
+                    outcomes[name] = outcomes.get(name, 0) + 1
+                call_id = peer.start("server.echo", {"data": b"alive"})
+                assert isinstance(peer.wait_answer(call_id), Reply)
+        return outcomes
+
+    thread = threading.Thread(target=readers, daemon=True)
+    with start_execd(tmp_path) as running:
+        thread.start()
+        try:
+            outcomes = attack(running)
+        finally:
+            stop.set()
+            thread.join()
+        assert fifo.is_fifo()
+        started = time.monotonic()
+        running.proc.send_signal(signal.SIGTERM)
+        assert running.proc.wait(timeout=30) == 0
+        ended = time.monotonic() - started
+    assert ended < 10, ended
+    report("fifo_in_workspace", sum(outcomes.values()), f"{outcomes}; execd ended in {ended:.1f} s")
 
 
 def test_cancel_right_behind_its_call_is_answered(daemon: RunningExecd) -> None:
@@ -942,6 +1084,60 @@ def test_hostile_nesting_gets_typed_answers(daemon: RunningExecd) -> None:
     report("hostile_nesting", asyncio.run(main()), "INVALID_MESSAGE / INVALID_PARAMS, no traceback")
 
 
+@pytest.mark.parametrize("vector", vectors.nesting_vectors(), ids=lambda v: v.label)
+def test_nesting_bound_is_exact_before_and_after_the_handshake(
+    vector: vectors.NestingVector, daemon: RunningExecd
+) -> None:
+    """PROTOCOL.md section 16.2 against a running execd: one bound for every message."""
+    frame = frame_header(len(vector.body)) + vector.body
+
+    def hello() -> None:
+        with raw_peer(daemon) as peer:
+            peer.send(frame)
+            if vector.outcome == "INVALID_MESSAGE":
+                data = peer.drain_to_eof(10)
+                assert peer.eof, "execd kept a connection whose Hello nests past the bound"
+                assert abort_code(plain_frames(data)) == ErrorCode.INVALID_MESSAGE
+                return
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                data += peer.sock.recv(4096)
+                assert data, "execd closed the connection instead of answering the Hello"
+            assert isinstance(plain_frames(data)[0], Challenge), plain_frames(data)
+
+    def after_handshake() -> None:
+        peer = authenticated(daemon)
+        with contextlib.closing(peer):
+            message = decode_message(vector.body) if vector.outcome != "INVALID_MESSAGE" else None
+            if isinstance(message, Call):
+                # The client's machine books the call as in flight (the frame it makes for
+                # it is not sent: the vector's own bytes go instead).
+                peer.conn.send(message)
+            peer.send(frame)
+            if vector.outcome == "INVALID_MESSAGE":
+                assert peer.expect_abort() == ErrorCode.INVALID_MESSAGE
+                return
+            if vector.label.startswith("ping"):
+                while not peer.eof:
+                    if Pong(seq=1) in peer.receive():
+                        break
+                assert not peer.eof, "execd closed the connection instead of answering the ping"
+            else:
+                assert isinstance(message, Call)
+                answer = peer.wait_answer(message.id)
+                if vector.outcome == "INVALID_PARAMS":
+                    assert isinstance(answer, Error), answer
+                    assert answer.code == ErrorCode.INVALID_PARAMS
+                else:
+                    assert isinstance(answer, Reply), answer
+            # The connection serves on.
+            call_id = peer.start("server.echo", {"data": b"alive"})
+            assert isinstance(peer.wait_answer(call_id), Reply)
+
+    (hello if vector.label.startswith("hello") else after_handshake)()
+    report(f"nesting {vector.label}", 1, vector.outcome)
+
+
 def test_idle_unauthenticated_peers_never_lock_out_a_client(tmp_path: Path) -> None:
     count = 500
     allow_open_files(count)
@@ -1037,4 +1233,207 @@ def test_memory_settles_after_a_hostile_phase(tmp_path: Path) -> None:
         "memory_settles",
         2,
         f"RSS {idle // 1024} MiB idle, {peak // 1024} MiB at peak, {settled // 1024} MiB after",
+    )
+
+
+# -- what a flood can make execd hold ---------------------------------------------------------
+
+FLOOD_LIMITS = Limits(
+    max_connections=24,
+    max_unauthenticated=8,
+    max_processes=40,
+    max_processes_per_connection=12,
+    max_open_files=30,
+    max_open_files_per_connection=8,
+)
+"""Small bounds, so that a flood reaches every one of them quickly."""
+
+
+class Peaks:
+    """The most descriptors and direct children a process held, sampled in a thread."""
+
+    def __init__(self, running: RunningExecd) -> None:
+        self.running = running
+        self.descriptors = 0
+        self.children = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.descriptors = max(
+                self.descriptors, descriptors(self.running.pid, self.running.port)
+            )
+            self.children = max(self.children, len(live_children(self.running.pid)))
+
+    def __enter__(self) -> Peaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def refused(handles: list[Any], code: ErrorCode) -> int:
+    """How many of ``handles`` failed with ``code`` (any other failure fails the test)."""
+    count = 0
+    for handle in handles:
+        try:
+            async with asyncio.timeout(20):
+                await handle.result()
+        except errors.RemoteError as exc:
+            assert exc.code == code, exc
+            count += 1
+    return count
+
+
+def test_a_flood_stays_within_the_stated_bounds(tmp_path: Path) -> None:
+    """Hostile peers push on every bound at once; execd holds no more than it states.
+
+    Commands from several connections (each held to its share), detached
+    commands (held to the total), streamed reads that never take their data
+    (held to the open-files shares), and more connections than allowed. The
+    most descriptors and direct children execd holds are sampled throughout
+    and compared with the bounds it states (execd.budget.descriptor_bound);
+    every refusal is typed, and a healthy client is served all along.
+    """
+    limits = FLOOD_LIMITS
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(8 * MIB))
+    allow_open_files(4 * limits.max_connections)
+
+    def stalled_reads(running: RunningExecd) -> tuple[int, int]:
+        """Streamed reads of ``big`` on two raw connections that never grant credit."""
+        held = refusals = 0
+        peers = [authenticated(running) for _ in range(2)]
+        try:
+            for peer in peers:
+                ids = [
+                    peer.start("files.read", {"path": str(big), "stream": True}) for _ in range(20)
+                ]
+                answered: dict[int, Error] = {}
+                deadline = time.monotonic() + 20
+                while len(answered) < len(ids) - limits.max_open_files_per_connection:
+                    assert time.monotonic() < deadline, answered
+                    for event in peer.receive():
+                        if isinstance(event, Error):
+                            answered[event.id] = event
+                assert all(e.code == ErrorCode.LIMIT_EXCEEDED for e in answered.values())
+                held += len(ids) - len(answered)
+                refusals += len(answered)
+            return held, refusals
+        finally:
+            for peer in peers:
+                peer.close()
+
+    async def main(running: RunningExecd) -> dict[str, int]:
+        healthy = await harnessd.connect(running.host, running.port, running.token)
+        hostile = [
+            await harnessd.connect(running.host, running.port, running.token, keepalive=None)
+            for _ in range(4)
+        ]
+        extra: list[ExecdClient] = []
+        outcome: dict[str, int] = {}
+        try:
+            # Commands that run for their calls: each connection gets its share, no more.
+            for client in hostile[:3]:
+                handles = [client.start("shell.run", {"argv": ["sleep", "60"]}) for _ in range(20)]
+                await eventually(
+                    lambda: (
+                        sum(h.done for h in handles)  # noqa: B023
+                        == 20 - limits.max_processes_per_connection
+                    ),
+                    timeout=20,
+                    what="the calls past the connection's share answered",
+                )
+                over = [h for h in handles if h.done]
+                assert await refused(over, ErrorCode.PROCESS_LIMIT) == len(over)
+                outcome["calls_refused"] = outcome.get("calls_refused", 0) + len(over)
+            await eventually(
+                lambda: (
+                    len(marked_matching(running.marker, "sleep 60"))
+                    == 3 * limits.max_processes_per_connection
+                ),
+                timeout=20,
+                what="each connection's share of commands running",
+            )
+            await check_healthy(healthy)  # its own command finds room in the total
+            # Detached commands fill the total; past it the refusals are typed too.
+            detached = [
+                hostile[3].start("shell.run", {"argv": ["sleep", "61"], "detached": True})
+                for _ in range(20)
+            ]
+            outcome["detached_refused"] = await refused(detached, ErrorCode.PROCESS_LIMIT)
+            with pytest.raises(errors.ProcessLimit):
+                await healthy.run(["true"])
+            async with asyncio.timeout(10):
+                await healthy.noop()
+                assert await healthy.echo(b"served") == b"served"
+            # Streamed reads that never take their data hold their files, to the shares.
+            outcome["reads_held"], outcome["reads_refused"] = await asyncio.to_thread(
+                stalled_reads, running
+            )
+            assert (await healthy.read_file(str(big), max_bytes=16 * MIB))[:4] == bytes(4)
+            # More connections than allowed: typed refusals, the healthy one kept.
+            refusals = 0
+            for _ in range(2 * limits.max_connections):
+                try:
+                    extra.append(
+                        await harnessd.connect(
+                            running.host, running.port, running.token, keepalive=None
+                        )
+                    )
+                except SplitexecError as exc:
+                    code = getattr(exc, "code", ErrorCode.CONNECTION_LIMIT)
+                    assert code == ErrorCode.CONNECTION_LIMIT, exc
+                    refusals += 1
+            outcome["connections_refused"] = refusals
+            async with asyncio.timeout(10):
+                await healthy.noop()
+            for client in hostile[:3]:
+                await client.close()
+            await eventually(
+                lambda: not marked_matching(running.marker, "sleep 60"),
+                timeout=20,
+                what="the closed connections' commands stopped",
+            )
+            await healthy.cleanup(timeout=20)
+            return outcome
+        finally:
+            for client in [*extra, *hostile, healthy]:
+                with contextlib.suppress(Exception):
+                    await client.close()
+
+    args = [
+        f"--{name.replace('_', '-')}={getattr(limits, name)}"
+        for name in (
+            "max_connections",
+            "max_unauthenticated",
+            "max_processes",
+            "max_processes_per_connection",
+            "max_open_files",
+            "max_open_files_per_connection",
+        )
+    ]
+    # Calls with request ids outlive their connection for the grace: keep it short here.
+    args.append("--request-grace=1")
+    with start_execd(tmp_path, *args) as running, Peaks(running) as peaks:
+        outcome = asyncio.run(main(running))
+        asyncio.run(no_marked(running.marker))
+    assert peaks.children <= limits.max_processes, peaks.children
+    assert peaks.descriptors <= descriptor_bound(limits), (
+        peaks.descriptors,
+        descriptor_bound(limits),
+    )
+    assert outcome["reads_held"] == 2 * limits.max_open_files_per_connection, outcome
+    assert outcome["detached_refused"] == 20 - (
+        limits.max_processes - 3 * limits.max_processes_per_connection
+    ), outcome
+    assert outcome["connections_refused"] > 0, outcome
+    report(
+        "flood_bounds",
+        sum(outcome.values()),
+        f"at most {peaks.descriptors} descriptors (bound {descriptor_bound(limits)}), "
+        f"{peaks.children} children (bound {limits.max_processes}); {outcome}",
     )

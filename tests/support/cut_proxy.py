@@ -7,7 +7,11 @@ a vanished route does); :meth:`CutProxy.cut_after` arms a cut that happens
 once ``nbytes`` more have been forwarded in one direction -- the byte count
 lands inside frames, so a cut can fall anywhere in the protocol. While
 :attr:`CutProxy.refusing` is set, new connections are closed on arrival (an
-outage that outlasts the first reconnect attempts).
+outage that outlasts the first reconnect attempts). :meth:`CutProxy.blackhole`
+drops every byte of the live connections from then on and closes nothing (a
+route that vanished without a FIN or RST): only an end that gives up on its
+silent peer closes its connection, which :attr:`CutProxy.closed_by_upstream`
+counts for the upstream end.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class _Side(asyncio.Protocol):
         self.pair.forward(self, data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self is self.pair.server and not self.pair.closed:
+            self.proxy.closed_by_upstream += 1
         self.pair.close()
 
 
@@ -44,9 +50,10 @@ class _Pair:
         self.forwarded: dict[Direction, int] = {"up": 0, "down": 0}
         self.limit: dict[Direction, int] = {}
         self.closed = False
+        self.blackholed = False
 
     def forward(self, side: _Side, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self.blackholed:
             return
         peer = self.server if side is self.client else self.client
         if peer.transport is None:
@@ -88,6 +95,8 @@ class CutProxy:
         self.refusing = False
         self.accepted = 0
         self.cuts = 0
+        #: Connections the upstream end closed (while the proxy had not).
+        self.closed_by_upstream = 0
         self.port = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -130,6 +139,12 @@ class CutProxy:
             pair.close()
         self.cuts += 1
         return len(pairs)
+
+    def blackhole(self) -> int:
+        """Drop every byte of every live connection from now on, closing none; how many."""
+        for pair in self.pairs:
+            pair.blackholed = True
+        return len(self.pairs)
 
     def cut_after(self, direction: Direction, nbytes: int) -> None:
         """Cut once ``nbytes`` more went ``up`` (to the server) or ``down`` on a live connection.

@@ -43,9 +43,9 @@ def cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def children(parent: int, name: str) -> list[int]:
-    """Live children of ``parent`` that run the program ``name``."""
-    found: list[int] = []
+def live_children(parent: int) -> list[tuple[int, str]]:
+    """Pid and program name of every live (not zombie) child of ``parent``."""
+    found: list[tuple[int, str]] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -55,9 +55,14 @@ def children(parent: int, name: str) -> list[int]:
             continue
         comm = raw[raw.find(b"(") + 1 : raw.rfind(b")")]
         fields = raw[raw.rfind(b")") + 2 :].split()
-        if comm == name.encode() and int(fields[1]) == parent and fields[0] not in (b"Z", b"X"):
-            found.append(int(entry.name))
+        if int(fields[1]) == parent and fields[0] not in (b"Z", b"X"):
+            found.append((int(entry.name), comm.decode(errors="replace")))
     return found
+
+
+def children(parent: int, name: str) -> list[int]:
+    """Live children of ``parent`` that run the program ``name``."""
+    return [pid for pid, comm in live_children(parent) if comm == name]
 
 
 def alive(pid: int) -> bool:

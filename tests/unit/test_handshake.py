@@ -150,9 +150,9 @@ def spec_text() -> str:
 
 
 def spec_vector_blocks() -> list[dict[str, str]]:
-    """Every ``label: value`` block of section 16, continuation lines joined."""
+    """Every ``label: value`` block of section 16's handshake vectors, continuation lines joined."""
     text = spec_text()
-    section = text.split("## 16. Test vectors", 1)[1].split("## 17.", 1)[0]
+    section = text.split("## 16. Test vectors", 1)[1].split("### 16.1", 1)[0]
     blocks = []
     for body in re.findall(r"```text\n(.*?)```", section, re.S):
         fields: dict[str, str] = {}

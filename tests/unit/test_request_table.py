@@ -15,8 +15,10 @@ from execd.config import Limits
 from execd.context import Method
 from execd.errors import ExecdError, InvalidParams, RequestNotKnown
 from execd.requests import ENTRY_OVERHEAD, EVICTED_MEMORY, MAPPED_MIN, RequestTable
+from protocol.errors import ErrorCode
 from protocol.rpc import core
 from protocol.rpc import request as api
+from protocol.rpc import watch as watch_rpc
 from tests.support.local_ctx import LocalContext
 
 pytestmark = pytest.mark.anyio
@@ -153,3 +155,50 @@ async def test_large_results_are_kept_byte_for_byte_and_counted_and_evicted_as_s
     assert not tracked
     answer = await method.handler(None, LocalContext(call_id=9))
     assert bytes(answer) == LARGE_RESULT
+
+
+class _Plain(LocalContext):
+    """A plain dispatch context: it records the fate the dispatcher reports, which is ignored."""
+
+    def __init__(self, call_id: int = 1) -> None:
+        super().__init__(call_id=call_id)
+        self.fate: list[str] = []
+
+    def running(self) -> None:
+        self.fate.append("running")
+
+    def finished(self, outcome: bytes | ExecdError) -> None:
+        self.fate.append("finished")
+
+    def cancelled(self) -> None:
+        self.fate.append("cancelled")
+
+    def upload_lost(self) -> ExecdError | None:
+        return None
+
+
+async def test_dispatch_is_the_one_layer_that_tracks_calls() -> None:
+    table = RequestTable(Limits())
+    # A new id runs the method with a context of its own, on a virtual connection,
+    # whose fate the table keeps.
+    origin = _Plain(call_id=4)
+    method, ctx = table.dispatch(NOOP, origin, _rid(1))
+    assert method is NOOP and ctx is not origin
+    assert ctx.call_id == 4 and ctx.connection_id == -origin.connection_id
+    ctx.running()
+    assert table.running == 1
+    ctx.finished(b"\xc0")
+    assert (table.running, table.kept) == (0, 1)
+    # A known id attaches (the method never runs again) with the plain context.
+    again = _Plain(call_id=5)
+    method, ctx = table.dispatch(NOOP, again, _rid(1))
+    assert method is not NOOP and ctx is again
+    assert bytes(await method.handler(None, ctx)) == b"\xc0"
+    # A method that belongs to its connection is never tracked.
+    subscribe = Method(watch_rpc.SUBSCRIBE, _noop)
+    plain = _Plain()
+    assert table.dispatch(subscribe, plain, _rid(2)) == (subscribe, plain)
+    # A tracked call's cancellation is kept as its outcome.
+    method, ctx = table.dispatch(NOOP, _Plain(), _rid(3))
+    ctx.cancelled()
+    assert await _answer(table, 3) == (int(ErrorCode.CANCELLED), "server.noop was cancelled")
