@@ -15,13 +15,15 @@ def new_token() -> str:
     return secrets.token_hex(32)
 
 
-def read_token(token_file: str | None) -> bytes:
-    """The token from ``token_file``, else from $EXECD_TOKEN, as execd reads it.
+def read_token(
+    token_file: str | None, *, variable: str = TOKEN_VAR, option: str = "--token-file"
+) -> bytes:
+    """The token from ``token_file``, else from $EXECD_TOKEN (or ``variable``), as execd reads it.
 
     The file's bytes (at most the first 4096) without ASCII whitespace at
     their ends; the variable's text without whitespace at its ends, as UTF-8
     (PROTOCOL.md 6.8). Raises ValueError, naming the file, when it cannot be
-    read or is empty, and when neither source has a token.
+    read or is empty, and when neither source has a token (naming ``option``).
     """
     if token_file:
         try:
@@ -33,9 +35,9 @@ def read_token(token_file: str | None) -> bytes:
             raise ValueError(f"the token file {token_file} is empty")
     else:
         try:
-            token = os.environ.get(TOKEN_VAR, "").strip().encode()
+            token = os.environ.get(variable, "").strip().encode()
         except UnicodeEncodeError:
-            raise ValueError(f"{TOKEN_VAR} is not valid UTF-8") from None
+            raise ValueError(f"{variable} is not valid UTF-8") from None
     if not token:
-        raise ValueError(f"no token: pass --token-file FILE or set {TOKEN_VAR}")
+        raise ValueError(f"no token: pass {option} FILE or set {variable}")
     return token

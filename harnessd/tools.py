@@ -312,7 +312,7 @@ class ToolConfig:
     probe_timeout: float = 30.0
     cancel_grace: float = 5.0
     limits: Limits | None = None
-    """Resource limits of every command the shell and terminal tools start."""
+    """Resource limits of every command the shell, session, service and terminal tools start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +541,11 @@ class Toolbox:
         name = self._name(args.name)
         probe = _probe(args.probe, self.config.probe_timeout) if args.probe else None
         info = await self._client().start_service(
-            name, command=args.command, cwd=self._cwd(args.cwd), probe=probe
+            name,
+            command=args.command,
+            cwd=self._cwd(args.cwd),
+            probe=probe,
+            limits=self.config.limits,
         )
         self.started_services.add(name)
         return format_service(info)
