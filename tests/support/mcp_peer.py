@@ -27,6 +27,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.cli import PROXY_VARS
+from tests.support.procs import terminate
 
 _ANNOUNCE = re.compile(r"harnessd mcp \(pid (\d+)\): execd at \S+ \(marker ([0-9a-f]+)\)")
 
@@ -135,13 +136,7 @@ def http_server(tmp_path: Path, *args: str, token: str) -> Iterator[HttpServer]:
         assert event["event"] == "listening", event
         yield HttpServer(proc, event["url"], token, log)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, timeout=30)
         if proc.stdout is not None:
             proc.stdout.close()
 
