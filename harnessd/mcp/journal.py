@@ -1,6 +1,7 @@
 """The MCP server's session ledger: every tool call and its result, kept in execd.
 
-Each call adds two entries (``tool_call`` with the arguments, ``tool_result``
+It opens with a ``session_start`` entry (synced before the server serves,
+so the ledger exists from the start). Each call adds two entries (``tool_call`` with the arguments, ``tool_result``
 with the outcome and the text returned, cut to :data:`RESULT_CHARS`) to a
 :class:`~harnessd.ledger_sync.LocalLedger`; a background task syncs new
 entries to execd's ledger store (:class:`~harnessd.ledger_sync.LedgerSync`)
@@ -57,6 +58,7 @@ class Journal:
         self._sync = LedgerSync(self.name, self._ledger)
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._syncing = asyncio.Lock()
         self._full = False
 
     @property
@@ -107,9 +109,14 @@ class Journal:
             self._wanted.clear()
             await self._sync_once()
 
+    async def flush(self) -> bool:
+        """Sync now; True when execd holds every entry recorded so far."""
+        return await self._sync_once()
+
     async def _sync_once(self) -> bool:
         try:
-            await self._sync.sync(self._client())
+            async with self._syncing:
+                await self._sync.sync(self._client())
         except (HarnessError, OSError) as exc:
             self._sync.forget_ack()
             log.warning("ledger %s: sync failed (%s); retried after the next call", self.name, exc)

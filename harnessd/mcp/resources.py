@@ -45,6 +45,7 @@ from harnessd.errors import HarnessError
 from harnessd.ledger_sync import decode_entry
 from harnessd.mcp.catalog import ConfinedToolbox
 from harnessd.models import ToolCall
+from harnessd.tool_text import ToolFailed
 from protocol.rpc import watch as watch_rpc
 
 log = logging.getLogger("harnessd.mcp")
@@ -229,7 +230,7 @@ class WorkspaceResources:
     def _checked(self, path: str) -> str:
         try:
             return self._box.resolve(path)
-        except ValueError as exc:
+        except ToolFailed as exc:
             raise ResourceError(str(exc)) from None
 
     async def _read_ledger(self, ref: LedgerRef) -> str:

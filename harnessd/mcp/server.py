@@ -146,7 +146,17 @@ class WorkspaceServer:
         if options.tools.root is None:
             cwd = (await workspace.client().server_info()).cwd
             options = replace(options, tools=replace(options.tools, root=cwd))
-        return cls(workspace, options)
+        server = cls(workspace, options)
+        server.journal.record(
+            {
+                "kind": "session_start",
+                "root": server.root,
+                "confine": options.confine,
+                "tools": [tool.name for tool in server._tool_list],
+            }
+        )
+        await server.journal.flush()
+        return server
 
     @property
     def root(self) -> str | None:
