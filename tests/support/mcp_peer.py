@@ -60,11 +60,16 @@ class ServerLog:
 
 
 def server_args(tmp_path: Path, *args: str) -> list[str]:
-    """``-m harnessd mcp`` with a private workspace and ledger directory under ``tmp_path``."""
+    """``-m harnessd mcp`` with a private workspace under ``tmp_path``.
+
+    An execd it launches (no ``--port`` in ``args``) keeps its ledgers there too.
+    """
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    execd = f"{sys.executable} -m execd --state-dir {tmp_path / 'state'}"
-    return ["-m", "harnessd", "mcp", "--workspace", str(workspace), "--execd", execd, *args]
+    own = ["--workspace", str(workspace)]
+    if "--port" not in args:
+        own += ["--execd", f"{sys.executable} -m execd --state-dir {tmp_path / 'state'}"]
+    return ["-m", "harnessd", "mcp", *own, *args]
 
 
 def server_env(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
