@@ -30,6 +30,7 @@ The MCP SDK is an extra: ``pip install 'splitexec[mcp]'``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -57,7 +58,7 @@ from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, opt
 
 if TYPE_CHECKING:
     from harnessd.mcp.server import WorkspaceServer
-    from harnessd.mcp.workspace import ConnectTarget, LaunchTarget
+    from harnessd.mcp.workspace import Cleanup, ConnectTarget, LaunchTarget, Workspace
 
 PROG = "harnessd mcp"
 HTTP_TOKEN_VAR = "HARNESSD_MCP_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -234,12 +235,25 @@ async def _serve(plan: _Plan) -> int:
 
             await serve_stdio(server)
     finally:
-        cleanup = await (server.close() if server is not None else workspace.close())
-        stopped = "; execd stopped" if cleanup.stopped else ""
-        say(f"{PROG}: cleanup: {cleanup.killed} processes killed, {cleanup.left} left{stopped}")
-        if cleanup.error:
-            say(f"{PROG}: cleanup: {cleanup.error}")
+        # Shielded: a signal during the cleanup must not cut it (or its report) short.
+        closing = asyncio.ensure_future(_close(server or workspace))
+        try:
+            cleanup = await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            await asyncio.wait([closing])
+            raise
     return 1 if cleanup.left else 0
+
+
+async def _close(what: WorkspaceServer | Workspace) -> Cleanup:
+    """Close the server (or the workspace when no server was built) and say what it did."""
+    say(f"{PROG}: the session ended; cleaning up the workspace")
+    cleanup = await what.close()
+    stopped = "; execd stopped" if cleanup.stopped else ""
+    say(f"{PROG}: cleanup: {cleanup.killed} processes killed, {cleanup.left} left{stopped}")
+    if cleanup.error:
+        say(f"{PROG}: cleanup: {cleanup.error}")
+    return cleanup
 
 
 def _announce_start(server: WorkspaceServer) -> None:

@@ -210,10 +210,6 @@ class WorkspaceTools:
         finally:
             self._relays.pop(call.id, None)
 
-    async def close(self) -> None:
-        """Close persistent shells and terminals, stop the services the tools started."""
-        await self.box.close()
-
     def _route(self, call: ToolCall, stream: str, data: bytes) -> None:
         relay = self._relays.get(call.id)
         if relay is not None:

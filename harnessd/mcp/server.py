@@ -28,10 +28,11 @@ Resources and their subscriptions are :mod:`harnessd.mcp.resources`. On the
 2026-07-28 protocol, subscriptions arrive as ``subscriptions/listen``
 streams; the URIs of one are watched while the stream is open.
 
-:meth:`WorkspaceServer.close` ends subscriptions, closes shells and
-terminals, stops the services the tools started, syncs the ledger, and
-closes the workspace: every marked process is killed, and a launched execd
-stops.
+:meth:`WorkspaceServer.close` ends subscriptions, syncs the ledger, and
+closes the workspace: every marked process is killed (the tools' shells,
+terminals and services with them), and a launched execd stops. It is quick
+(a client's SIGKILL follows its SIGTERM within seconds) and runs to its end
+even when a signal arrives meanwhile.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ RESOURCE_NOT_FOUND = -32002
 NOTIFY_FLUSH = 30.0
 """Seconds a finished call waits for its output notifications to be sent."""
 
+CLOSE_STEP_TIMEOUT = 10.0
+"""Seconds each step of closing (subscriptions, the ledger's last sync) may take."""
+
 _LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
 
 Context = ServerRequestContext[Any, Any]
@@ -109,7 +113,7 @@ class WorkspaceServer:
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus, max_subscriptions=64)
         self._listeners = 0
-        self._closed: Cleanup | None = None
+        self._closing: asyncio.Future[Cleanup] | None = None
         self.server: Server[Any] = Server(
             options.name,
             version=_version(),
@@ -164,18 +168,33 @@ class WorkspaceServer:
         return self.tools.config.root
 
     async def close(self) -> Cleanup:
-        """End subscriptions, close the tools, sync the ledger and close the workspace. Idempotent."""
-        if self._closed is not None:
-            return self._closed
+        """End subscriptions, sync the ledger and close the workspace (see the module docstring).
+
+        Idempotent, and safe under cancellation (a signal during the cleanup):
+        the cleanup runs to its end, each step bounded, before CancelledError
+        propagates.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._shutdown())
+        task = self._closing
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([task])
+            raise
+
+    async def _shutdown(self) -> Cleanup:
         self._listen.close()
-        with contextlib.suppress(Exception):
-            await self.resources.unsubscribe_all()
-        with contextlib.suppress(Exception):
-            await self.tools.close()
-        with contextlib.suppress(Exception):
-            await self.journal.close()
-        self._closed = await self.workspace.close()
-        return self._closed
+        # The workspace's close kills every marked process: the tools' shells,
+        # terminals and services go with it, so they are not closed one by one.
+        for step in (self.resources.unsubscribe_all, self.journal.close):
+            try:
+                async with asyncio.timeout(CLOSE_STEP_TIMEOUT):
+                    await step()
+            except Exception as exc:
+                log.warning("closing: %s failed: %s", step.__qualname__, exc)
+        return await self.workspace.close()
 
     def _instructions(self) -> str:
         config = self.options.tools

@@ -9,6 +9,7 @@ SIGKILLed) leaves no marked process.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,13 +28,14 @@ from mcp.shared.exceptions import MCPError
 
 from bench.agents import processes_mentioning
 from harnessd.tools import TOOLS
-from tests.conftest import eventually, one_loop
-from tests.support.mcp_peer import server_args, server_env, stdio_server, text_of
-from tests.support.procs import alive, wait_until_none_mention
+from tests.conftest import eventually, eventually_blocking, one_loop
+from tests.support.mcp_peer import ServerLog, server_args, server_env, stdio_server, text_of
+from tests.support.procs import alive, terminate, wait_until_none_mention
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.slow]
 
 EXTRA_TOOLS = {"stat_path", "service_status"}
+INFO = {"name": "test", "version": "0"}
 
 
 def _pids(path: Path) -> list[int]:
@@ -279,8 +281,6 @@ def test_a_sigkilled_client_leaves_no_marked_process_past_the_lease(
     try:
         assert client.stdout is not None
         assert client.stdout.readline().strip() == "started", log_path.read_text()
-        from tests.support.mcp_peer import ServerLog
-
         log = ServerLog(log_path)
         marker = log.marker
         assert processes_mentioning(marker)
@@ -298,3 +298,53 @@ def test_a_sigkilled_client_leaves_no_marked_process_past_the_lease(
             client.wait()
         if client.stdout is not None:
             client.stdout.close()
+
+
+def _rpc(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any] | None:
+    """Send one JSON-RPC message; for a request, read lines until its answer."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(message) + "\n")
+    proc.stdin.flush()
+    while "id" in message:
+        answer: dict[str, Any] = json.loads(proc.stdout.readline())
+        if answer.get("id") == message["id"]:
+            return answer
+    return None
+
+
+def test_sigterm_right_after_stdin_closes_still_cleans_up(tmp_path: Path) -> None:
+    """What agent CLIs do at exit: close stdin, then SIGTERM soon after (then SIGKILL)."""
+    log = ServerLog(tmp_path / "server.log")
+    with log.path.open("a") as errlog:
+        proc = subprocess.Popen(
+            [sys.executable, *server_args(tmp_path, "--lease", "300")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            text=True,
+            env=server_env(tmp_path),
+        )
+    try:
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": INFO}
+        assert "result" in (
+            _rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}) or {}
+        )
+        _rpc(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = {"name": "start_service", "arguments": {"name": "idle", "command": "sleep 300"}}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        assert answer is not None and not answer["result"]["isError"], answer
+        marker = log.marker
+        assert len(processes_mentioning(marker)) >= 3
+        assert proc.stdin is not None
+        proc.stdin.close()
+        # The signal lands while the server is cleaning up.
+        eventually_blocking(lambda: "cleaning up" in log.text(), what="the cleanup begun")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, 128 + signal.SIGTERM)
+        # Long before the lease: the server's own cleanup did it.
+        assert wait_until_none_mention(marker, timeout=10) == [], log.text()
+        assert "execd stopped" in log.text()
+    finally:
+        terminate(proc)
+        if proc.stdout is not None:
+            proc.stdout.close()
