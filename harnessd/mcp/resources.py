@@ -319,6 +319,8 @@ class WorkspaceResources:
                 await notify(uri)
         except (HarnessError, OSError) as exc:
             log.info("subscription to %s ended: %s", uri, exc)
+        except Exception as exc:  # the subscriber's session is gone (its stream closed)
+            log.info("subscription to %s ended: %s: %s", uri, type(exc).__name__, exc)
         finally:
             with contextlib.suppress(HarnessError, OSError):
                 await watch.close()

@@ -53,6 +53,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from harnessd.errors import HarnessError, NotFound
@@ -72,6 +73,9 @@ RESOURCE_NOT_FOUND = -32002
 
 NOTIFY_FLUSH = 30.0
 """Seconds a finished call waits for its output notifications to be sent."""
+
+MAX_CALLS_IN_FLIGHT = 64
+"""Tool calls running at once, over all sessions; more are refused with a tool error."""
 
 CLOSE_STEP_TIMEOUT = 10.0
 """Seconds each step of closing (subscriptions, the ledger's last sync) may take."""
@@ -113,6 +117,7 @@ class WorkspaceServer:
         self._bus = InMemorySubscriptionBus()
         self._listen = ListenHandler(self._bus, max_subscriptions=64)
         self._listeners = 0
+        self._in_flight = 0
         self._closing: asyncio.Future[Cleanup] | None = None
         self.server: Server[Any] = Server(
             options.name,
@@ -231,6 +236,16 @@ class WorkspaceServer:
             raise MCPError(
                 types.INVALID_PARAMS, f"unknown tool {params.name!r}; the tools are: {known}"
             ) from None
+        if self._in_flight >= MAX_CALLS_IN_FLIGHT:
+            busy = f"error: {MAX_CALLS_IN_FLIGHT} tool calls are running; wait for one to finish"
+            return _tool_result(busy, failed=True)
+        self._in_flight += 1
+        try:
+            return await self._run_call(ctx, call)
+        finally:
+            self._in_flight -= 1
+
+    async def _run_call(self, ctx: Context, call: ToolCall) -> types.CallToolResult:
         self.journal.call(call.id, call.name, call.arguments)
         relay = OutputRelay() if self._wants_output(ctx) else None
         running = asyncio.ensure_future(self._execute(call, relay))
@@ -248,9 +263,7 @@ class WorkspaceServer:
                     await asyncio.shield(sender)
             sender.cancel()
         self.journal.result(call.id, call.name, ok=result.ok, error=result.error, text=result.text)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=result.text)], is_error=not result.ok
-        )
+        return _tool_result(result.text, failed=not result.ok)
 
     async def _execute(self, call: ToolCall, relay: OutputRelay | None) -> ToolResult:
         started = time.perf_counter()
@@ -280,10 +293,9 @@ class WorkspaceServer:
             await asyncio.wait(pending, timeout=grace)
 
     def _wants_output(self, ctx: Context) -> bool:
-        meta = ctx.meta or {}
-        return (
-            "progressToken" in meta or "progress_token" in meta or "info" in self._log_levels(ctx)
-        )
+        """Whether the call's output goes anywhere: a progress token, or log messages asked for."""
+        has_token = progress_token_from_params(ctx.params) is not None
+        return has_token or "info" in self._log_levels(ctx)
 
     def _log_levels(self, ctx: Context) -> frozenset[types.LoggingLevel]:
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
@@ -362,6 +374,12 @@ class WorkspaceServer:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.resources.unsubscribe_all(owner)
+
+
+def _tool_result(text: str, *, failed: bool) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], is_error=failed
+    )
 
 
 def _owner(ctx: Context) -> str:

@@ -137,6 +137,34 @@ async def test_hostile_arguments_are_tool_errors_and_the_server_keeps_serving(
     assert not (Path("/tmp") / "escape.txt").exists()
 
 
+async def test_calls_in_flight_are_bounded_and_the_excess_refused(tmp_path: Path) -> None:
+    from harnessd.mcp.server import MAX_CALLS_IN_FLIGHT
+
+    results: list[Any] = []
+
+    async def wait() -> None:
+        results.append(await client.call_tool("wait_for_path", {"path": "flag", "timeout": 60}))
+
+    async with stdio_server(tmp_path) as (client, _), anyio.create_task_group() as group:
+        for _ in range(MAX_CALLS_IN_FLIGHT):
+            group.start_soon(wait)
+        ledger = next(
+            r.uri for r in (await client.list_resources()).resources if r.name.startswith("mcp-")
+        )
+
+        async def all_running() -> bool:
+            # Every call is in the server's ledger once it runs (reading it is not a call).
+            text = str(getattr((await client.read_resource(ledger)).contents[0], "text", ""))
+            return text.count('"kind":"tool_call"') == MAX_CALLS_IN_FLIGHT
+
+        await eventually(all_running, what="every call running")
+        extra = await client.call_tool("stat_path", {"path": "."})
+        assert extra.is_error and "tool calls are running" in text_of(extra)
+        (tmp_path / "ws" / "flag").touch()
+    assert len(results) == MAX_CALLS_IN_FLIGHT
+    assert not any(result.is_error for result in results)
+
+
 async def test_limits_from_the_flags_hold_whatever_the_call_asks(tmp_path: Path) -> None:
     async with stdio_server(
         tmp_path, "--max-timeout", "1", "--output-cap", "500", "--limit-processes", "4"
