@@ -142,9 +142,7 @@ class WorkspaceServer:
                 name=offer.name,
                 description=offer.description,
                 input_schema=offer.schema,
-                annotations=types.ToolAnnotations(
-                    read_only_hint=offer.read_only, open_world_hint=False
-                ),
+                annotations=types.ToolAnnotations(read_only_hint=offer.read_only),
             )
             for offer in offers()
         ]

@@ -58,6 +58,9 @@ async def test_http_needs_the_bearer_token_and_serves_with_it(tmp_path: Path) ->
             assert len((await client.list_tools()).tools) == 15
             result = await client.call_tool("shell", {"command": "echo over http"})
             assert "over http" in text_of(result)
+            # The workspace never sees the bearer token (nor its variable).
+            env = await client.call_tool("shell", {"command": "env; cat /proc/$PPID/environ"})
+            assert token not in text_of(env) and "HARNESSD_MCP_TOKEN" not in text_of(env)
         cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
         assert token.encode() not in cmdline
     assert token not in server.log.text()

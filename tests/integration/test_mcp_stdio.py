@@ -254,6 +254,16 @@ async def test_the_modern_protocol_works_too(tmp_path: Path) -> None:
     assert failed.is_error and "NotFound" in text_of(failed)
 
 
+async def test_execd_launched_through_a_command_prefix(tmp_path: Path) -> None:
+    # ``env`` stands for ssh or docker exec: every workspace command goes through it.
+    async with stdio_server(tmp_path, "--via", "env", "--lease", "60") as (client, log):
+        result = await client.call_tool("shell", {"command": "pwd"})
+        assert text_of(result).endswith(f"{tmp_path / 'ws'}\n"), text_of(result)
+        marker = log.marker
+    assert wait_until_none_mention(marker, timeout=20) == []
+    assert "execd stopped" in log.text()
+
+
 async def test_closing_stdin_kills_marked_processes_and_stops_execd(tmp_path: Path) -> None:
     async with stdio_server(tmp_path) as (client, log):
         marker = log.marker
