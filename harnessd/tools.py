@@ -360,8 +360,14 @@ class Toolbox:
         """The tool schemas offered to the model."""
         return list(TOOL_SPECS)
 
-    async def call(self, call: ToolCall) -> ToolResult:
-        """Run one tool call; never raises except CancelledError."""
+    async def call(
+        self, call: ToolCall, *, output: Callable[[str, bytes], None] | None = None
+    ) -> ToolResult:
+        """Run one tool call; never raises except CancelledError.
+
+        ``output``: where this call's command output goes as it arrives (by
+        default ``on_output``'s; with neither, the shell tool collects it).
+        """
         started = time.perf_counter()
         entry = TOOLS.get(call.name)
         ok, error = True, None
@@ -375,8 +381,7 @@ class Toolbox:
                 text = f"error: invalid arguments for {call.name}: {exc}"
                 ok, error = False, "InvalidArguments"
             else:
-                output = None
-                if self.on_output is not None:
+                if output is None and self.on_output is not None:
                     output = functools.partial(self.on_output, call)
                 try:
                     text = await entry.handler(self, args, CallContext(call, output))

@@ -102,11 +102,10 @@ class ConfinedToolbox(Toolbox):
         config: ToolConfig,
         *,
         confine: bool,
-        on_output: Callable[[ToolCall, str, bytes], None] | None = None,
     ) -> None:
         if confine and config.root is None:
             raise ValueError("confining paths needs a workspace root")
-        super().__init__(client, config, on_output=on_output)
+        super().__init__(client, config)
         self.confine = confine
 
     def _path(self, path: str) -> str:
@@ -171,7 +170,10 @@ def offers() -> list[Offer]:
 
 
 class WorkspaceTools:
-    """Runs tool calls against the workspace, streaming shell output to a call's relay."""
+    """Runs tool calls against the workspace; a call given a relay streams its shell output there.
+
+    Without one the shell tool collects the output in execd, as the agent loop does.
+    """
 
     def __init__(
         self,
@@ -181,8 +183,7 @@ class WorkspaceTools:
         confine: bool = False,
     ) -> None:
         self._client = client
-        self.box = ConfinedToolbox(client, config, confine=confine, on_output=self._route)
-        self._relays: dict[str, OutputRelay] = {}
+        self.box = ConfinedToolbox(client, config, confine=confine)
         self._ids = itertools.count(1)
         self._decoders = {name: msgspec.json.Decoder(args) for name, (args, _) in _EXTRAS.items()}
 
@@ -203,17 +204,7 @@ class WorkspaceTools:
         extra = _EXTRAS.get(call.name)
         if extra is not None:
             return await self._run_extra(call, extra[1])
-        if relay is not None:
-            self._relays[call.id] = relay
-        try:
-            return await self.box.call(call)
-        finally:
-            self._relays.pop(call.id, None)
-
-    def _route(self, call: ToolCall, stream: str, data: bytes) -> None:
-        relay = self._relays.get(call.id)
-        if relay is not None:
-            relay.add(stream, data)
+        return await self.box.call(call, output=relay.add if relay is not None else None)
 
     async def _run_extra(self, call: ToolCall, handler: _ExtraHandler) -> ToolResult:
         started = time.perf_counter()
