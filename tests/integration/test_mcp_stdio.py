@@ -386,3 +386,38 @@ def test_sigterm_right_after_stdin_closes_still_cleans_up(tmp_path: Path) -> Non
         terminate(proc)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_garbage_and_oversized_lines_on_stdin_do_not_end_the_session(tmp_path: Path) -> None:
+    log = ServerLog(tmp_path / "server.log")
+    with log.path.open("a") as errlog:
+        proc = subprocess.Popen(
+            [sys.executable, *server_args(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            text=True,
+            env=server_env(tmp_path),
+        )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write('this is not json\n{"jsonrpc": "2.0", "id": \n')
+        # Past the 64 MiB bound: skipped up to its newline, never held whole.
+        chunk = "x" * (1 << 20)
+        for _ in range(65):
+            proc.stdin.write(chunk)
+        proc.stdin.write("\n")
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": INFO}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert answer is not None and "result" in answer, answer
+        _rpc(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = {"name": "shell", "arguments": {"command": "echo alive"}}
+        answer = _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        assert answer is not None and "alive" in answer["result"]["content"][0]["text"]
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert "execd stopped" in log.text()
