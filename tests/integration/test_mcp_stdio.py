@@ -323,9 +323,8 @@ def test_a_sigkilled_client_leaves_no_marked_process_past_the_lease(
         marker = log.marker
         assert processes_mentioning(marker)
         if kill_server_too:
-            os.killpg(client.pid, signal.SIGKILL)  # the server dies with its client
-        else:
-            client.kill()
+            os.kill(log.pid, signal.SIGKILL)  # no cleanup from the server: the lease's turn
+        client.kill()
         client.wait(timeout=10)
         # Stdin's end tells the server at once; without the server, execd's lease does.
         left = wait_until_none_mention(marker, timeout=3 + 15)
