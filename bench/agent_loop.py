@@ -41,7 +41,7 @@ from harnessd.api import ExecdClient, connect
 from harnessd.ledger_sync import LedgerSync, LocalLedger
 from harnessd.models import AssistantTurn, ChatMessage, ModelWrapper, ToolSpec
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 
 SECTION = "8b. The agent loop around one tool call (loopback, scripted model)"
 #: Most the loop may add to one tool call's p50, in ms (issue 12).

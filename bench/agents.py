@@ -47,7 +47,7 @@ from harnessd.agent import AgentResult, AgentSession
 from harnessd.launcher import CloseResult, Session, serve
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import PacedModel, ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 
 SECTION = "10. Agent sessions at scale: one harness process, one execd each"
 NOTE_BYTES: Final = 4096

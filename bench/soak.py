@@ -40,11 +40,11 @@ from dataclasses import asdict, dataclass, field
 import harnessd
 from bench.execd_proc import ExecdProcess, start_execd
 from bench.report import finish
-from execd.config import DEFAULT_MARKER_VAR
 from execd.marker import cleanup, find_marked
 from harnessd.api import ExecdClient
 from protocol.ledger_chain import GENESIS_HASH
 from protocol.rpc.services import LogProbe
+from protocol.values import DEFAULT_MARKER_VAR
 
 MIB = 1024 * 1024
 DEFAULT_MAX_RSS_GROWTH_MIB = 32.0

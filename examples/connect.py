@@ -13,13 +13,7 @@ import os
 import sys
 
 import harnessd
-
-
-def read_token(token_file: str | None) -> bytes:
-    if token_file:
-        with open(token_file, "rb") as handle:
-            return handle.read()  # connect() strips it as execd does
-    return os.environ["EXECD_TOKEN"].encode()
+from protocol.values import port_number, read_token
 
 
 async def main(args: argparse.Namespace, token: bytes) -> int:
@@ -40,9 +34,13 @@ async def main(args: argparse.Namespace, token: bytes) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("host")
-    parser.add_argument("port", type=int)
+    parser.add_argument("port", type=port_number)
     parser.add_argument("--token-file", help="else $EXECD_TOKEN")
     parser.add_argument("--encrypt", action="store_true")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args, read_token(args.token_file))))
+    try:
+        token = read_token(args.token_file, os.environ)  # the rule execd reads by
+    except ValueError as exc:
+        parser.error(str(exc))
+    sys.exit(asyncio.run(main(args, token)))

@@ -5,8 +5,8 @@ import harnessd
 
 
 async def main() -> None:
-    async with harnessd.serve() as session:
-        client = session.client
+    async with harnessd.serve() as handle:
+        client = handle.client
         # How this execd enforces each limit (cgroup-v2, cgroup-v1 or rlimit).
         print((await client.server_info()).limits)
 

@@ -5,8 +5,8 @@ import harnessd
 
 async def main() -> None:
     # Start execd on this machine, connect, authenticate.
-    async with harnessd.serve() as session:
-        client = session.client
+    async with harnessd.serve() as handle:
+        client = handle.client
         result = await client.run(["sh", "-c", "echo hello; echo oops >&2; exit 3"])
         assert (result.exit_code, result.stdout, result.stderr) == (3, b"hello\n", b"oops\n")
 
@@ -24,7 +24,7 @@ async def main() -> None:
         except harnessd.NotFound as exc:
             print(f"typed error, wire code {exc.code}: {exc.message}")
         await client.remove(scratch, recursive=True)
-    # Leaving the block closed the session: every process it started is gone.
+    # Leaving the block closed execd: every process it started is gone.
     print("quickstart: ok")
 
 

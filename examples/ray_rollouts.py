@@ -1,4 +1,4 @@
-"""Rollouts over Ray: two actors, each hosting many harnessd sessions, one execd per rollout."""
+"""Rollouts over Ray: two actors, each hosting many agent runs, one execd per rollout."""
 
 import os
 

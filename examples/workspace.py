@@ -35,7 +35,7 @@ async def main(args: argparse.Namespace) -> int:
     runtime = harnessd.CommandPrefixRuntime(
         shlex.split(args.via), quote_for_remote_shell=args.remote_shell
     )
-    session = await harnessd.serve(
+    handle = await harnessd.serve(
         runtime,
         execd_command=shlex.split(args.execd),
         bind_host=args.bind_host,
@@ -45,9 +45,9 @@ async def main(args: argparse.Namespace) -> int:
         extra_args=["--state-dir", args.state_dir] if args.state_dir else [],
     )
     try:
-        result = await session.client.run(args.command, cwd=args.cwd)
+        result = await handle.client.run(args.command, cwd=args.cwd)
     finally:
-        report = await session.close()  # safe in finally and under cancellation
+        report = await handle.close()  # safe in finally and under cancellation
     sys.stdout.buffer.write(result.stdout)
     sys.stderr.buffer.write(result.stderr)
     if not report.clean:

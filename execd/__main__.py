@@ -30,12 +30,24 @@ import msgspec
 
 from execd import marker
 from execd.app import Execd, StartupError, announce
-from execd.config import DEFAULT_MARKER_VAR, Config, Limits, default_state_dir
-from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
+from execd.config import Config, Limits, default_state_dir
+from protocol.rpc.resources import LIMIT_NAMES
 from protocol.rpc.resources import Limits as CommandLimits
-from protocol.values import bind_port, positive_seconds
+from protocol.values import (
+    DEFAULT_MARKER_VAR,
+    LIMIT_OPTIONS,
+    TOKEN_VAR,
+    TokenFileUnreadable,
+    bind_port,
+    from_options,
+    new_marker,
+    option_name,
+    positive_seconds,
+    read_token,
+    validate_marker,
+    validate_marker_var,
+)
 
-TOKEN_VAR = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 _PR_SET_DUMPABLE = 4
 _DEFAULTS = Limits()
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -149,35 +161,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _read_token(args: argparse.Namespace) -> bytes:
-    if args.token_file:
-        path = args.token_file
-        try:
-            with open(path, "rb") as handle:
-                token = handle.read(4096).strip()
-        except OSError as exc:
-            marker.scrub_own_environment((TOKEN_VAR,))
-            raise StartupError(f"cannot read the token file {path}: {exc.strerror}", 2) from None
-        if not args.keep_token_file:
+    """The token, read by the shared rule; then the file it came from and the variable are gone.
+
+    A token file that was read (even an empty one) is removed unless
+    ``--keep-token-file``; one that could not be read is left alone. Whatever
+    happens, ``EXECD_TOKEN`` leaves this process's environment, so nothing
+    execd starts can inherit it.
+    """
+    path: str | None = args.token_file
+    remove = path if path and not args.keep_token_file else None
+    try:
+        return read_token(path, os.environ)
+    except TokenFileUnreadable as exc:
+        remove = None
+        raise StartupError(str(exc), 2) from None
+    except ValueError as exc:
+        raise StartupError(str(exc), 2) from None
+    finally:
+        if remove is not None:
             with contextlib.suppress(OSError):
-                os.unlink(path)
-        if not token:
-            marker.scrub_own_environment((TOKEN_VAR,))
-            raise StartupError(f"the token file {path} is empty", 2)
-    else:
-        token = os.environ.get(TOKEN_VAR, "").strip().encode()
-    marker.scrub_own_environment((TOKEN_VAR,))
-    if not token:
-        raise StartupError(
-            f"no token: pass --token-file FILE or set {TOKEN_VAR} (never on the command line)", 2
-        )
-    return token
+                os.unlink(remove)
+        marker.scrub_own_environment((TOKEN_VAR,))
 
 
 def _config(args: argparse.Namespace) -> Config:
     try:
-        marker.validate_marker_var(args.marker_var)
-        value = args.marker if args.marker else marker.new_marker()
-        marker.validate_marker(value)
+        validate_marker_var(args.marker_var)
+        value = validate_marker(args.marker if args.marker else new_marker())
     except ValueError as exc:
         raise StartupError(str(exc), 2) from None
     fallback: str | None = None

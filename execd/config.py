@@ -8,8 +8,8 @@ import stat
 import msgspec
 
 from protocol.rpc.resources import Limits as CommandLimits
+from protocol.values import DEFAULT_MARKER_VAR
 
-DEFAULT_MARKER_VAR = "EXECD_MARKER"
 LEDGER_PATH_VAR = "EXECD_LEDGER_DIR"
 
 

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from execd.errors import CrossDevice, InvalidPath, NotSupported
-from protocol.rpc.files import MAX_PATH, FileType, ListEntry, ListResult, StatResult
+from protocol.rpc.files import FileType, ListEntry, ListResult, StatResult
+from protocol.rpc.types import MAX_PATH
 
 BLOCK = 1024 * 1024
 """Unit of file I/O: one read, write or hash step per worker-thread call."""

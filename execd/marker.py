@@ -71,7 +71,6 @@ import errno
 import json
 import math
 import os
-import re
 import resource
 import select
 import signal
@@ -82,7 +81,7 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 
 from execd.commands import check_variables
-from execd.config import DEFAULT_MARKER_VAR
+from protocol.values import DEFAULT_MARKER_VAR, TOKEN_VAR, validate_marker, validate_marker_var
 
 __all__ = [
     "ENVIRON_READ_CAP",
@@ -92,20 +91,15 @@ __all__ = [
     "cleanup_async",
     "cleanup_main",
     "find_marked",
-    "new_marker",
     "scrub_own_environment",
     "set_child_subreaper",
-    "validate_marker",
-    "validate_marker_var",
 ]
 
 ENVIRON_READ_CAP = 1024 * 1024
 """The most bytes read from one ``/proc/PID/environ``."""
 
-DEFAULT_SECRET_VARS: tuple[str, ...] = ("EXECD_TOKEN",)
+DEFAULT_SECRET_VARS: tuple[str, ...] = (TOKEN_VAR,)
 
-_MARKER_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-_MARKER_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _STATUS_CAP = 64 * 1024
 _READ_CHUNK = 64 * 1024
 _MAX_ANCESTRY = 65536
@@ -120,32 +114,6 @@ _FD_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 # -- markers and environments ---------------------------------------------------
-
-
-def new_marker() -> str:
-    """A fresh session marker: 128 random bits as 32 lowercase hex digits."""
-    return os.urandom(16).hex()  # what secrets.token_hex does, without importing random
-
-
-def validate_marker(marker: str) -> str:
-    """Return ``marker`` if it is 1..128 characters of ``[A-Za-z0-9_.-]``, else raise ValueError."""
-    if not isinstance(marker, str) or _MARKER_RE.fullmatch(marker) is None:
-        raise ValueError("a marker is 1 to 128 characters of A-Z, a-z, 0-9, '_', '.' and '-'")
-    return marker
-
-
-def validate_marker_var(name: str) -> str:
-    """Return ``name`` if it is a POSIX environment variable name, else raise ValueError.
-
-    A POSIX name is a letter or underscore followed by letters, digits and
-    underscores; at most 256 characters are accepted.
-    """
-    if not isinstance(name, str) or _MARKER_VAR_RE.fullmatch(name) is None:
-        raise ValueError(
-            "a marker variable is a letter or '_' followed by letters, digits and '_'"
-            " (at most 256 characters)"
-        )
-    return name
 
 
 def child_environment(

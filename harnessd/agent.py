@@ -67,7 +67,8 @@ from harnessd.models import (
     ToolCall,
     calling,
 )
-from harnessd.tools import Toolbox, ToolConfig, ToolResult
+from harnessd.toolbox import Toolbox, ToolConfig, ToolResult, ToolSet
+from harnessd.tools import TOOLS
 from harnessd.trace import Trace
 
 ToolOrder = Literal["concurrent", "in_order"]
@@ -164,6 +165,16 @@ def new_session_id() -> str:
 ClientSource = ExecdClient | Callable[[], ExecdClient]
 
 
+@dataclass(slots=True)
+class _Ending:
+    """How a run is ending, filled in as it winds down."""
+
+    stop: StopReason = "max_turns"
+    final_text: str | None = None
+    error: str | None = None
+    cancelled: bool = False
+
+
 class AgentSession:
     """One agent session against one execd.
 
@@ -175,7 +186,10 @@ class AgentSession:
     give the new client (e.g. ``session.reconnect``). ``batch_bytes``: the
     ledger batch budget (default: half the peer's frame cap). ``tool_prefix``:
     prepended to the names of services and shell sessions the tools create,
-    for sessions sharing one execd. ``system_prompt``: None for
+    for sessions sharing one execd. ``tools``: the tools' knobs;
+    ``toolset``: the tools offered (default :data:`harnessd.tools.TOOLS`;
+    ``ToolSet(TOOLS, mine)`` adds tools of your own, see
+    :mod:`harnessd.toolbox`). ``system_prompt``: None for
     :func:`default_system_prompt`. ``tool_order``: how one turn's tool calls
     run (see the module docstring). ``live_output``: stream shell output to
     the trace's listeners as ``tool_output`` notifications. One instance
@@ -191,6 +205,7 @@ class AgentSession:
         system_prompt: str | None = None,
         limits: AgentLimits | None = None,
         tools: ToolConfig | None = None,
+        toolset: ToolSet | None = None,
         trace: Trace | None = None,
         reconnect: Callable[[], Awaitable[object]] | None = None,
         batch_bytes: int | None = None,
@@ -219,6 +234,7 @@ class AgentSession:
         self.toolbox = Toolbox(
             self.client,
             tools,
+            toolset=toolset if toolset is not None else TOOLS,
             session_prefix=tool_prefix,
             on_output=self._live_output if live_output else None,
         )
@@ -248,6 +264,36 @@ class AgentSession:
         """
         if self.ledger.seq:
             raise RuntimeError("an AgentSession runs once; make a new one for another task")
+        self._begin(task)
+        ending = _Ending()
+        result: AgentResult | None = None
+        started = time.perf_counter()
+        try:
+            await self._run_turns(ending, close_tools)
+            await self._record_end(ending)
+            result = AgentResult(
+                session=self.session_id,
+                stop_reason=ending.stop,
+                final_text=ending.final_text,
+                turns=list(self.reports),
+                messages=list(self.messages),
+                ledger_seq=self.ledger.seq,
+                synced_seq=self.sync.acked,
+                error=ending.error,
+                syncs=list(self.syncs),
+            )
+        except BaseException as exc:
+            if ending.error is None:
+                ending.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._emit_end(ending, result is not None, started)
+        if ending.cancelled:
+            raise asyncio.CancelledError
+        return result
+
+    def _begin(self, task: str) -> None:
+        """The session announced, its first ledger entry, and the prompt and task as messages."""
         limits = self.limits
         self.trace.emit(
             "session_start",
@@ -269,73 +315,65 @@ class AgentSession:
         )
         self._add_message(ChatMessage(role="system", content=self.system_prompt), 0)
         self._add_message(ChatMessage(role="user", content=task), 0)
-        stop: StopReason = "max_turns"
-        final_text: str | None = None
-        error: str | None = None
-        cancelled = False
-        result: AgentResult | None = None
-        started = time.perf_counter()
-        deadline = asyncio.timeout(limits.session_timeout)
+
+    async def _run_turns(self, ending: _Ending, close_tools: bool) -> None:
+        """The turns within the session's deadline, then (``close_tools``) the tools closed.
+
+        How they ended goes into ``ending``; a cancel is recorded there, not raised.
+        """
+        limit = self.limits.session_timeout
+        deadline = asyncio.timeout(limit)
         try:
-            try:
-                async with deadline:
-                    stop, final_text, error = await self._loop()
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                stop, error = "session_timeout", f"the session ran past {limits.session_timeout} s"
-            except asyncio.CancelledError:
-                cancelled = True
-                stop, error = "interrupted", "the run was cancelled"
-            finally:
-                if close_tools:
-                    with contextlib.suppress(Exception):
-                        async with asyncio.timeout(10.0):
-                            await self.toolbox.close()
-            self.ledger.append(
-                {"kind": "end", "reason": stop, "turns": len(self.reports), "error": error}
-            )
-            try:
-                async with asyncio.timeout(limits.final_sync_timeout):
-                    final_sync = await self._sync()
-            except Exception as exc:
-                if not cancelled:
-                    raise
-                # Winding down after a cancel: the end is recorded locally even if execd is gone.
-                self.trace.emit("sync_error", turn=None, error=f"{type(exc).__name__}: {exc}")
-            else:
-                self.trace.emit("sync", turn=None, **final_sync.as_dict())
-            result = AgentResult(
-                session=self.session_id,
-                stop_reason=stop,
-                final_text=final_text,
-                turns=list(self.reports),
-                messages=list(self.messages),
-                ledger_seq=self.ledger.seq,
-                synced_seq=self.sync.acked,
-                error=error,
-                syncs=list(self.syncs),
-            )
-        except BaseException as exc:
-            if error is None:
-                error = f"{type(exc).__name__}: {exc}"
-            raise
+            async with deadline:
+                ending.stop, ending.final_text, ending.error = await self._loop()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            ending.stop, ending.error = "session_timeout", f"the session ran past {limit} s"
+        except asyncio.CancelledError:
+            ending.cancelled = True
+            ending.stop, ending.error = "interrupted", "the run was cancelled"
         finally:
-            self.trace.emit(
-                "session_end",
-                reason=stop if result is not None else "error",
-                turns=len(self.reports),
-                tool_calls=sum(len(turn.results) for turn in self.reports),
-                tool_errors=sum(1 for t in self.reports for r in t.results if not r.ok),
-                ledger_seq=self.ledger.seq,
-                synced_seq=self.sync.acked,
-                error=error,
-                final_text=final_text,
-                ms=round((time.perf_counter() - started) * 1000.0, 3),
-            )
-        if cancelled:
-            raise asyncio.CancelledError
-        return result
+            if close_tools:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(10.0):
+                        await self.toolbox.close()
+
+    async def _record_end(self, ending: _Ending) -> None:
+        """The end in the ledger, and the ledger synced; after a cancel, execd may be gone."""
+        self.ledger.append(
+            {
+                "kind": "end",
+                "reason": ending.stop,
+                "turns": len(self.reports),
+                "error": ending.error,
+            }
+        )
+        try:
+            async with asyncio.timeout(self.limits.final_sync_timeout):
+                final_sync = await self._sync()
+        except Exception as exc:
+            if not ending.cancelled:
+                raise
+            # Winding down after a cancel: the end is recorded locally even if execd is gone.
+            self.trace.emit("sync_error", turn=None, error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.trace.emit("sync", turn=None, **final_sync.as_dict())
+
+    def _emit_end(self, ending: _Ending, completed: bool, started: float) -> None:
+        """The trace's last record: how the session ended (``completed``: with a result)."""
+        self.trace.emit(
+            "session_end",
+            reason=ending.stop if completed else "error",
+            turns=len(self.reports),
+            tool_calls=sum(len(turn.results) for turn in self.reports),
+            tool_errors=sum(1 for t in self.reports for r in t.results if not r.ok),
+            ledger_seq=self.ledger.seq,
+            synced_seq=self.sync.acked,
+            error=ending.error,
+            final_text=ending.final_text,
+            ms=round((time.perf_counter() - started) * 1000.0, 3),
+        )
 
     async def _loop(self) -> tuple[StopReason, str | None, str | None]:
         specs = self.toolbox.specs

@@ -1,6 +1,6 @@
 """The typed user API of the client: one method per execd RPC.
 
-:class:`ExecdClient` is what :func:`harnessd.client.connect` returns. Methods
+:class:`ExecdClient` is what :func:`connect` returns. Methods
 that move bytes (command output, file content, ledger entries) stream them in
 flow-controlled chunks, so neither side holds more than a window at a time.
 """
@@ -118,7 +118,20 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         ``limits``: resource limits (``{"memory": 256 << 20, "cpu": 1.0}`` or a
         :class:`~protocol.rpc.resources.Limits`); the result's ``limit_exceeded`` names one hit.
         """
-        params = shell.RUN.params_from(locals(), limits=as_limits(limits))
+        params = shell.RunParams(
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            unset=unset,
+            stdin=stdin,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            output_cap=output_cap,
+            drain_grace=drain_grace,
+            kill_grace=kill_grace,
+            limits=as_limits(limits),
+        )
         return await self.call(shell.RUN, params)
 
     def run_streaming(
@@ -137,7 +150,20 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> RunningCommand[shell.RunResult]:
         """Start a command whose output streams live; see :class:`RunningCommand`."""
-        params = shell.RUN.params_from(locals(), stream=True, limits=as_limits(limits))
+        params = shell.RunParams(
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            unset=unset,
+            stdin_stream=stdin_stream,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            stream=True,
+            drain_grace=drain_grace,
+            kill_grace=kill_grace,
+            limits=as_limits(limits),
+        )
         return RunningCommand(self, self.start(shell.RUN, params))
 
     async def run_detached(
@@ -151,14 +177,22 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> shell.RunResult:
         """Start a command that outlives this connection; the result carries its command_id."""
-        params = shell.RUN.params_from(locals(), detached=True, limits=as_limits(limits))
+        params = shell.RunParams(
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            detached=True,
+            limits=as_limits(limits),
+        )
         return await self.call(shell.RUN, params)
 
     async def signal_command(
         self, signal: int, *, call_id: int | None = None, command_id: str | None = None
     ) -> shell.SignalResult:
         """Send ``signal`` to a running call on this connection or to a detached command."""
-        params = shell.SIGNAL.params_from(locals())
+        params = shell.SignalParams(signal=signal, call_id=call_id, command_id=command_id)
         return await self.call(shell.SIGNAL, params)
 
     async def list_commands(self) -> shell.ListResult:
@@ -201,7 +235,14 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         so the content is written into fresh memory once (a list joined at the
         end would be twice) and the next block reuses the last one's memory.
         """
-        params = files.READ.params_from(locals(), inline_max=READ_INLINE_MAX)
+        params = files.ReadParams(
+            path=path,
+            offset=offset,
+            length=length,
+            max_bytes=max_bytes,
+            checksum=checksum,
+            inline_max=READ_INLINE_MAX,
+        )
         read = _FileRead(self, params)
         try:
             first = await read.next()
@@ -242,7 +283,16 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         ``inline_max`` bytes, when given) comes inline in the result (one
         frame instead of three); larger content streams anyway.
         """
-        return self._read(files.READ.params_from(locals()))
+        params = files.ReadParams(
+            path=path,
+            offset=offset,
+            length=length,
+            max_bytes=max_bytes,
+            stream=stream,
+            checksum=checksum,
+            inline_max=inline_max,
+        )
+        return self._read(params)
 
     async def _read(self, params: files.ReadParams) -> AsyncIterator[bytes]:
         read = _FileRead(self, params)
@@ -288,7 +338,15 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         for an atomic write); see ``files.write`` in PROTOCOL.md.
         """
         if len(data) <= self.inline_limit:
-            params = files.WRITE.params_from(locals(), atomic=atomic and not append)
+            params = files.WriteParams(
+                path=path,
+                data=data,
+                create_parents=create_parents,
+                mode=mode,
+                atomic=atomic and not append,
+                durable=durable,
+                append=append,
+            )
             return await self.call(files.WRITE, params)
 
         async def blocks() -> AsyncIterator[bytes]:
@@ -318,8 +376,15 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         durable: bool = False,
     ) -> files.WriteResult:
         """Write a workspace file from an async iterator of blocks (flow-controlled)."""
-        params = files.WRITE.params_from(
-            locals(), stream=True, atomic=atomic and not append, expected_size=size
+        params = files.WriteParams(
+            path=path,
+            stream=True,
+            create_parents=create_parents,
+            mode=mode,
+            atomic=atomic and not append,
+            durable=durable,
+            append=append,
+            expected_size=size,
         )
         handle = self.start(files.WRITE, params)
         try:
@@ -369,26 +434,28 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         include_hidden: bool = True,
     ) -> files.ListResult:
         """Entries of a workspace directory (optionally recursive, bounded by ``limit``)."""
-        params = files.LIST.params_from(locals())
+        params = files.ListParams(
+            path=path, recursive=recursive, limit=limit, include_hidden=include_hidden
+        )
         return await self.call(files.LIST, params)
 
     async def mkdir(
         self, path: str, *, parents: bool = True, exist_ok: bool = True, mode: int | None = None
     ) -> files.MkdirResult:
         """Create a workspace directory."""
-        params = files.MKDIR.params_from(locals())
+        params = files.MkdirParams(path=path, parents=parents, exist_ok=exist_ok, mode=mode)
         return await self.call(files.MKDIR, params)
 
     async def remove(
         self, path: str, *, recursive: bool = False, missing_ok: bool = False
     ) -> files.RemoveResult:
         """Remove a workspace file or directory."""
-        params = files.REMOVE.params_from(locals())
+        params = files.RemoveParams(path=path, recursive=recursive, missing_ok=missing_ok)
         return await self.call(files.REMOVE, params)
 
     async def move(self, src: str, dst: str, *, overwrite: bool = True) -> files.MoveResult:
         """Rename (or copy across filesystems) a workspace path."""
-        params = files.MOVE.params_from(locals())
+        params = files.MoveParams(src=src, dst=dst, overwrite=overwrite)
         return await self.call(files.MOVE, params)
 
     async def chmod(self, path: str, mode: int) -> files.ChmodResult:
@@ -414,7 +481,13 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         hashes: list[bytes] | None = None,
     ) -> ledger.LedgerHead:
         """Append a batch; LedgerConflict (with execd's head in ``data``) when it does not follow."""
-        params = ledger.APPEND.params_from(locals())
+        params = ledger.AppendParams(
+            session=session,
+            first_seq=first_seq,
+            prev_hash=prev_hash,
+            entries=entries,
+            hashes=hashes,
+        )
         return await self.call(ledger.APPEND, params)
 
     async def ledger_append_large(

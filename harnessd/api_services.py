@@ -48,7 +48,18 @@ class ServicesClient(Client):
         tail and exit status) when it dies first, and ``NotReady`` when the
         probe times out (the service is then stopped).
         """
-        params = services.START.params_from(locals(), limits=as_limits(limits))
+        params = services.StartParams(
+            name=name,
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            unset=unset,
+            log=log,
+            probe=probe,
+            restart=restart,
+            limits=as_limits(limits),
+        )
         return await self.call(services.START, params)
 
     async def service_status(self, name: str) -> services.ServiceInfo:
@@ -65,7 +76,7 @@ class ServicesClient(Client):
         offset: int | None = None,
     ) -> services.LogsResult:
         """The last ``lines`` lines or ``nbytes`` bytes of the log, or the bytes from ``offset``."""
-        params = services.LOGS.params_from(locals())
+        params = services.LogsParams(name=name, lines=lines, nbytes=nbytes, offset=offset)
         return await self.call(services.LOGS, params)
 
     async def follow_service_logs(
@@ -83,7 +94,9 @@ class ServicesClient(Client):
         follow in execd (wrap the iterator in ``contextlib.aclosing`` to do
         that at once rather than when it is garbage collected).
         """
-        params = services.LOGS.params_from(locals(), follow=True)
+        params = services.LogsParams(
+            name=name, lines=lines, nbytes=nbytes, offset=offset, follow=True
+        )
         handle = self.start(services.LOGS, params)
         try:
             async for chunk in handle.stream(services.LOG_STREAM):
@@ -97,7 +110,7 @@ class ServicesClient(Client):
         self, name: str, *, signal: int = 15, grace: float | None = None
     ) -> services.ServiceInfo:
         """Signal the service's group, SIGKILL it after ``grace``; return the final state."""
-        params = services.STOP.params_from(locals())
+        params = services.StopParams(name=name, signal=signal, grace=grace)
         return await self.call(services.STOP, params)
 
     async def restart_service(self, name: str) -> services.ServiceInfo:
@@ -121,7 +134,9 @@ class ServicesClient(Client):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> sessions.SessionInfo:
         """Open a persistent shell named ``name`` (``limits`` bound it and all it runs)."""
-        params = sessions.OPEN.params_from(locals(), limits=as_limits(limits))
+        params = sessions.OpenParams(
+            name=name, cwd=cwd, env=env, unset=unset, limits=as_limits(limits)
+        )
         return await self.call(sessions.OPEN, params)
 
     async def session_run(
@@ -138,7 +153,14 @@ class ServicesClient(Client):
 
         ``limit_exceeded`` in the result names the session's limit the command ran into.
         """
-        params = sessions.RUN.params_from(locals())
+        params = sessions.RunParams(
+            name=name,
+            command=command,
+            stdin=stdin,
+            timeout=timeout,
+            kill_grace=kill_grace,
+            output_cap=output_cap,
+        )
         return await self.call(sessions.RUN, params)
 
     async def interrupt_session(self, name: str) -> sessions.InterruptResult:

@@ -32,20 +32,22 @@ class WatchClient(Client):
         path: str,
         *,
         recursive: bool = False,
-        events: list[str] | None = None,
+        events: list[watch_rpc.ChangeKind] | None = None,
         debounce: float = 0.0,
         follow: bool = True,
     ) -> PathWatch:
-        """Subscribe to changes under ``path``; iterate the returned :class:`PathWatch`."""
-        params = watch_rpc.SUBSCRIBE.params_from(locals())
+        """Subscribe to changes under ``path``; iterate the returned :class:`~harnessd.api_watch.PathWatch`."""
+        params = watch_rpc.SubscribeParams(
+            path=path, recursive=recursive, events=events, debounce=debounce, follow=follow
+        )
         result = await self.call(watch_rpc.SUBSCRIBE, params)
         return PathWatch(self, result)
 
     async def wait_for_path(
-        self, path: str, *, condition: str = "exists", timeout: float = 30.0
+        self, path: str, *, condition: watch_rpc.Condition = "exists", timeout: float = 30.0
     ) -> watch_rpc.WaitForPathResult:
         """Block until ``path`` meets ``condition`` (exists, absent, file, dir, nonempty)."""
-        params = watch_rpc.WAIT_FOR_PATH.params_from(locals())
+        params = watch_rpc.WaitForPathParams(path=path, condition=condition, timeout=timeout)
         return await self.call(watch_rpc.WAIT_FOR_PATH, params)
 
 

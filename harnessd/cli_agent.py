@@ -29,22 +29,12 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.api import ExecdClient, connect
-from harnessd.cli_common import (
-    USAGE,
-    UsageError,
-    count,
-    non_negative,
-    port_number,
-    positive_int,
-    positive_seconds,
-    run_session,
-    say,
-)
+from harnessd.cli_common import USAGE, UsageError, run_session, say
 from harnessd.demo import TranscriptPrinter, demo_model, run_demo
 from harnessd.errors import RemoteError
 from harnessd.launcher import DEFAULT_LEASE, Session, serve
@@ -58,9 +48,16 @@ from harnessd.openai_model import (
 from harnessd.progress import Progress
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.token import read_token
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Listener, Trace
+from protocol.values import (
+    count,
+    non_negative,
+    port_number,
+    positive_int,
+    positive_seconds,
+    read_token,
+)
 
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -262,45 +259,24 @@ def _model(args: argparse.Namespace) -> OpenAIChatModel:
 
 async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
     """Launch or connect, run the session, report, clean up; return the exit status."""
-    model, token, trace = ready.model, ready.token, ready.trace
-    session: Session | None = None
-    client: ExecdClient | None = None
+    execd: _Execd | None = None
     finished = False
     try:
-        current: Callable[[], ExecdClient]
-        if token is not None:
-            client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
-            workspace = args.workspace
-            if workspace is not None:
-                await _check_remote_workspace(client, workspace, f"{args.host}:{args.port}")
-            remote = client
-            current, reconnect = (lambda: remote), None
-        else:
-            workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
-            # The runtime drops the key's variable (and anything credential-like)
-            # from execd's environment, so no command in the workspace sees it.
-            scrub = [args.api_key_env] if args.api_key_env else []
-            session = await serve(
-                LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease
-            )
-            print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
-            print(f"execd's log: {session.log_path} (kept only if the run or its close fails)")
-            launched = session
-            current, reconnect = (lambda: launched.client), launched.reconnect
-        if workspace:
-            print(f"workspace: {workspace}")
+        execd = await _open_execd(args, ready.token)
+        if execd.workspace:
+            print(f"workspace: {execd.workspace}")
         agent = AgentSession(
-            model,
-            current,
+            ready.model,
+            execd.current,
             system_prompt=args.system_prompt,
             limits=AgentLimits(
                 max_turns=args.max_turns,
                 turn_timeout=args.turn_timeout,
                 session_timeout=args.session_timeout,
             ),
-            tools=ToolConfig(root=workspace, output_cap=args.output_cap),
-            trace=trace,
-            reconnect=reconnect,
+            tools=ToolConfig(root=execd.workspace, output_cap=args.output_cap),
+            trace=ready.trace,
+            reconnect=execd.reconnect,
             tool_order="in_order" if args.in_order else "concurrent",
             live_output=ready.progress is not None,
         )
@@ -315,23 +291,61 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
     finally:
         if ready.progress is not None:
             ready.progress.close()
-        await model.aclose()
-        if session is not None:
-            # execd's log (its own directory under /tmp) is kept for a run that did not
-            # finish, and by close() itself when the close was not clean.
-            closed = await session.close(keep_log=True if not finished else None)
-            trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
-            print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
-            if closed.log_kept:
-                print(f"execd's log kept: {session.log_path}")
-        elif client is not None:
-            await client.close()
-        trace.close()
+        await ready.model.aclose()
+        if execd is not None:
+            await execd.close(ready.trace, finished)
+        ready.trace.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Execd:
+    """The execd a run works through: one it launched (``session``) or one it connected to."""
+
+    current: Callable[[], ExecdClient]
+    workspace: str | None
+    session: Session | None = None
+    reconnect: Callable[[], Awaitable[object]] | None = None
+
+    async def close(self, trace: Trace, finished: bool) -> None:
+        """Close the connection; a launched execd is cleaned up and stopped, and says how it went."""
+        session = self.session
+        if session is None:
+            await self.current().close()
+            return
+        # execd's log (its own directory under /tmp) is kept for a run that did not
+        # finish, and by close() itself when the close was not clean.
+        closed = await session.close(keep_log=True if not finished else None)
+        trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
+        print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
+        if closed.log_kept:
+            print(f"execd's log kept: {session.log_path}")
+
+
+async def _open_execd(args: argparse.Namespace, token: bytes | None) -> _Execd:
+    """Connect to the execd at ``--port`` (with a token), else launch one here."""
+    if token is not None:
+        client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
+        workspace = args.workspace
+        if workspace is not None:
+            try:
+                await _check_remote_workspace(client, workspace, f"{args.host}:{args.port}")
+            except BaseException:
+                await client.close()
+                raise
+        return _Execd(lambda: client, workspace)
+    workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
+    # The runtime drops the key's variable (and anything credential-like)
+    # from execd's environment, so no command in the workspace sees it.
+    scrub = [args.api_key_env] if args.api_key_env else []
+    session = await serve(LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease)
+    print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
+    print(f"execd's log: {session.log_path} (kept only if the run or its close fails)")
+    return _Execd(lambda: session.client, workspace, session, session.reconnect)
 
 
 def _token(path: str | None) -> bytes:
     try:
-        return read_token(path)
+        return read_token(path, os.environ)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -1,7 +1,8 @@
-"""What every harnessd command shares: one-line usage errors, argument types, running a session.
+"""What every harnessd command shares: one-line usage errors and running a session.
 
 Conventions of the command line: a mistake is one line on stderr naming the
-command and the value at fault, never a traceback; usage errors exit 2.
+command and the value at fault, never a traceback; usage errors exit 2. The
+argument types (ports, seconds, counts) are execd's too: :mod:`protocol.values`.
 :func:`run_session` runs a command's coroutine on uvloop so that SIGINT,
 SIGTERM and SIGHUP cancel it -- its ``finally`` blocks close the session
 (marker cleanup, temporary workspace removed) -- and then exit 128+N.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 from harnessd.errors import HarnessError
-from protocol.values import port_number as port_number
-from protocol.values import positive_seconds as positive_seconds
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that end a harnessd command cleanly (exit status 128+N)."""
@@ -46,32 +44,6 @@ def say(line: str) -> None:
     """Print one line on stderr; a closed stderr is not an error worth a traceback."""
     with contextlib.suppress(OSError, ValueError):
         print(line, file=sys.stderr, flush=True)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    value = int(text) if text.isascii() and text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return value
-
-
-def count(text: str) -> int:
-    """argparse type: a whole number of at least 0."""
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 0")
-    return int(text)
-
-
-def non_negative(text: str) -> float:
-    """argparse type: a finite number of at least 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of at least 0")
-    return value
 
 
 def silence_stdout() -> None:

@@ -32,19 +32,19 @@ from typing import Any
 
 import msgspec
 
-from harnessd.api import RunningCommand, connect
-from harnessd.cli_common import (
-    STOP_SIGNALS,
-    USAGE,
+from harnessd.api import ExecdClient, RunningCommand, connect
+from harnessd.cli_common import STOP_SIGNALS, USAGE, UsageError, say, silence_stdout
+from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
+from protocol.rpc.resources import LIMIT_NAMES, Limits
+from protocol.rpc.shell import RunResult
+from protocol.values import (
+    LIMIT_OPTIONS,
+    from_options,
+    option_name,
     port_number,
     positive_seconds,
-    say,
-    silence_stdout,
+    read_token,
 )
-from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
-from harnessd.token import read_token
-from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
-from protocol.rpc.shell import RunResult
 
 STDIN_BLOCK = 64 * 1024
 PROG = "harnessd exec"
@@ -166,20 +166,9 @@ async def _pump_stdin(command: RunningCommand[Any]) -> None:
 
 async def run_exec(args: argparse.Namespace) -> int:
     """Connect, run, stream, and return the exit status."""
-    argv = list(args.argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        say(f"{PROG}: no command given (use: {PROG} ... -- ARGV...)")
-        return USAGE
     try:
-        limits = from_options({name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES})
-    except msgspec.ValidationError as exc:
-        say(f"{PROG}: invalid limit: {exc} (see {PROG} --help)")
-        return USAGE
-    try:
-        token = read_token(args.token_file)
-    except ValueError as exc:
+        argv, limits, token = _request(args)
+    except UsageError as exc:
         say(f"{PROG}: {exc}")
         return USAGE
     where = f"{args.host}:{args.port}"
@@ -189,10 +178,6 @@ async def run_exec(args: argparse.Namespace) -> int:
         text = str(exc)
         say(f"{PROG}: {text}" if where in text else f"{PROG}: {where}: {text}")
         return CONNECTION_FAILED
-    loop = asyncio.get_running_loop()
-    stdin_task: asyncio.Task[None] | None = None
-    forwarding: set[asyncio.Task[None]] = set()
-    received: list[int] = []
     try:
         if args.tty and sys.stdin is not None and os.isatty(sys.stdin.fileno()):
             from harnessd.cli_tty import run_terminal
@@ -201,6 +186,42 @@ async def run_exec(args: argparse.Namespace) -> int:
                 return await run_terminal(client, argv, args.cwd, limits)
             except (InvalidParams, NotSupported) as exc:
                 return refused(exc)
+        return await _run_streaming(client, args, argv, limits)
+    finally:
+        await client.close()
+
+
+def _request(args: argparse.Namespace) -> tuple[list[str], Limits | None, bytes]:
+    """What to run, its limits and the token, from the command line; UsageError says what is wrong."""
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError(f"no command given (use: {PROG} ... -- ARGV...)")
+    try:
+        limits = from_options({name: getattr(args, f"limit_{name}") for name in LIMIT_NAMES})
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"invalid limit: {exc} (see {PROG} --help)") from None
+    try:
+        token = read_token(args.token_file, os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return argv, limits, token
+
+
+async def _run_streaming(
+    client: ExecdClient, args: argparse.Namespace, argv: list[str], limits: Limits | None
+) -> int:
+    """The command run with its output streamed here, stdin forwarded (``-i``), signals passed on.
+
+    The first signal goes to the command; a second one cancels it and ends
+    ``exec`` with 128+N.
+    """
+    loop = asyncio.get_running_loop()
+    stdin_task: asyncio.Task[None] | None = None
+    forwarding: set[asyncio.Task[None]] = set()
+    received: list[int] = []
+    try:
         command = client.run_streaming(
             argv,
             cwd=args.cwd,
@@ -240,7 +261,6 @@ async def run_exec(args: argparse.Namespace) -> int:
             await asyncio.wait([stdin_task])
             if not stdin_task.cancelled():
                 stdin_task.exception()  # retrieved: a send after the command ended may fail
-        await client.close()
 
 
 async def _stream(command: RunningCommand[RunResult]) -> int:

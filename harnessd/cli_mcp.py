@@ -42,19 +42,21 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from harnessd.cli_common import (
-    USAGE,
-    UsageError,
+from harnessd.cli_common import USAGE, UsageError, run_session, say
+from harnessd.launcher import DEFAULT_LEASE
+from harnessd.toolbox import ToolConfig
+from protocol.handshake import EmptyToken, token_bytes
+from protocol.rpc.resources import LIMIT_NAMES
+from protocol.values import (
+    LIMIT_OPTIONS,
+    bind_port,
+    from_options,
+    option_name,
     port_number,
     positive_int,
     positive_seconds,
-    run_session,
-    say,
+    read_token,
 )
-from harnessd.launcher import DEFAULT_LEASE
-from harnessd.token import read_token
-from harnessd.tools import ToolConfig
-from protocol.rpc.resources import LIMIT_NAMES, LIMIT_OPTIONS, from_options, option_name
 
 if TYPE_CHECKING:
     from harnessd.mcp.server import WorkspaceServer
@@ -126,7 +128,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     http.add_argument(
         "--http-port",
-        type=int,
+        type=bind_port,
         default=DEFAULT_HTTP_PORT,
         help=f"port to serve on (default {DEFAULT_HTTP_PORT}; 0: any free one)",
     )
@@ -155,7 +157,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     target: LaunchTarget | ConnectTarget
     if args.port is not None:
         try:
-            token = read_token(args.token_file)
+            token = read_token(args.token_file, os.environ)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         target = ConnectTarget(args.host, args.port, token, encrypt=bool(args.encrypt))
@@ -198,8 +200,6 @@ def _plan(args: argparse.Namespace) -> _Plan:
 def _http(args: argparse.Namespace) -> tuple[socket.socket, bytes]:
     from harnessd.mcp.http import listen_socket
 
-    if not 0 <= args.http_port <= 65535:
-        raise UsageError(f"--http-port {args.http_port} is not a port number (0-65535)")
     token = _http_token(args.http_token_file)
     try:
         sock = listen_socket(args.http_host, args.http_port)
@@ -211,10 +211,17 @@ def _http(args: argparse.Namespace) -> tuple[socket.socket, bytes]:
 
 
 def _http_token(path: str | None) -> bytes:
+    """The bearer token: from the file, else from $HARNESSD_MCP_TOKEN (never the command line)."""
     try:
-        return read_token(path, variable=HTTP_TOKEN_VAR, option="--http-token-file")
+        if path:
+            return read_token(path, {})
+        return token_bytes(os.environ.get(HTTP_TOKEN_VAR, ""))
+    except EmptyToken:
+        raise UsageError(
+            f"the http transport needs a bearer token: --http-token-file FILE or ${HTTP_TOKEN_VAR}"
+        ) from None
     except ValueError as exc:
-        raise UsageError(f"the http transport needs a bearer token: {exc}") from None
+        raise UsageError(str(exc) if path else f"{HTTP_TOKEN_VAR}: {exc}") from None
 
 
 async def _serve(plan: _Plan) -> int:

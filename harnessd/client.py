@@ -1,7 +1,6 @@
 """The async client of execd: connect, call, stream, cancel.
 
-Three layers, as in the daemon: the sans-I/O :class:`~protocol.connection.
-ClientConnection`, the asyncio glue :class:`ClientProtocol` (an
+Three layers, as in the daemon: the sans-I/O :class:`~protocol.connection.ClientConnection`, the asyncio glue :class:`ClientProtocol` (an
 ``asyncio.BufferedProtocol`` receiving in place, so the hot path costs two
 small callbacks per read, under uvloop or the default loop), and the user API
 :class:`Client`, whose typed methods per capability live in
@@ -405,10 +404,12 @@ class Client:
 
     @property
     def closed(self) -> bool:
+        """True once the connection is closed or lost."""
         return self._proto.closed
 
     @property
     def cipher(self) -> str:
+        """The cipher sealing every frame (``"none"`` for plaintext), as the handshake agreed."""
         return self.info.cipher
 
     @overload
@@ -468,6 +469,7 @@ class Client:
         return self._proto.subscribe(topic)
 
     def unsubscribe(self, topic: int) -> None:
+        """Stop queueing events for ``topic``."""
         self._proto.unsubscribe(topic)
 
     def reattach(self, rid: bytes, offsets: dict[str, int] | None = None) -> CallHandle[Any]:

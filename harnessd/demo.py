@@ -23,7 +23,7 @@ from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.launcher import DEFAULT_LEASE, CloseResult, serve
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 
 SCRIPT_PACKAGE = "harnessd"

@@ -26,11 +26,13 @@ MAX_LOG_READ = 8 * 1024 * 1024
 POLL_FIRST = 0.02
 """First pause between two reads of the log; it grows to :data:`POLL_MAX`."""
 POLL_MAX = 0.25
+"""Longest pause between two reads of the log."""
 _MAX_LINE = 1000
 _REDACTED = "[token redacted]"
 
 
 def parse_event(line: bytes) -> dict[str, Any] | None:
+    """The JSON event on one log line (``{"event": ...}``), or None for any other line."""
     text = line.strip()
     if not text.startswith(b"{"):
         return None
@@ -59,6 +61,7 @@ def scan(data: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
 
 
 def describe_exit(event: dict[str, Any]) -> str:
+    """How an ``exited`` event reads in a sentence: "exited with status N: why"."""
     code = event.get("code")
     error = event.get("error")
     if event.get("source") == "supervisor" and isinstance(code, int) and code > 128:

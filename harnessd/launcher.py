@@ -51,7 +51,6 @@ import contextlib
 import logging
 import math
 import posixpath
-import re
 import secrets
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -77,10 +76,10 @@ from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError, remove_workd
 from harnessd.token import new_token
 from protocol import limits
 from protocol.rpc.core import CloseReport
+from protocol.values import DEFAULT_MARKER_VAR, new_marker, validate_marker, validate_marker_var
 
 log = logging.getLogger("harnessd.launcher")
 
-DEFAULT_MARKER_VAR = "EXECD_MARKER"
 DEFAULT_LEASE = 30.0
 """Seconds a launched execd outlives the last frame from its harness (see :func:`serve`)."""
 
@@ -90,8 +89,6 @@ LEASE_PINGS = 3
 _SH = "/bin/sh"
 _SETTLE = 0.05
 _LATE_ANNOUNCE = 5.0
-_MARKER_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-_MARKER_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 # Runs as: sh -c SCRIPT execd-supervisor EXECD_ARGV...  Reports how execd ended
 # even when execd itself could not (crash, SIGKILL, command not found).
@@ -428,11 +425,8 @@ def serve(
     command = tuple(execd_command) if execd_command is not None else tuple(default_execd_command())
     if not command:
         raise ValueError("execd_command must not be empty")
-    value = marker if marker is not None else secrets.token_hex(16)
-    if not _MARKER_RE.fullmatch(value):
-        raise ValueError("marker must be 1-128 characters of [A-Za-z0-9_.-]")
-    if not _MARKER_VAR_RE.fullmatch(marker_var):
-        raise ValueError("marker_var must be a valid environment variable name")
+    value = validate_marker(marker if marker is not None else new_marker())
+    validate_marker_var(marker_var)
     created = workdir is None
     directory = workdir if workdir is not None else f"/tmp/execd-{secrets.token_hex(8)}"  # noqa: S108
     if not posixpath.isabs(directory):

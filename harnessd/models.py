@@ -8,8 +8,8 @@ the tools on offer (:class:`ToolSpec`) and returns the next assistant turn
 (:class:`AssistantTurn`): text, tool calls (id, name, JSON arguments), or
 both. A turn without tool calls ends the session.
 
-:class:`ScriptedModel` replays a fixed list of turns (for tests and the demo).
-:class:`OpenAIChatModel` speaks the chat-completions wire format with tool
+:class:`~harnessd.scripted_model.ScriptedModel` replays a fixed list of turns (for tests and the demo).
+:class:`~harnessd.openai_model.OpenAIChatModel` speaks the chat-completions wire format with tool
 calling over httpx: one keep-alive connection pool per model and event loop,
 proxies and CA bundles from the environment (``HTTPS_PROXY``, ``NO_PROXY``,
 ``SSL_CERT_FILE``, ...), bounded replies, and retries that honour
@@ -165,7 +165,7 @@ class ModelReplyError(ModelError):
 
 
 class ScriptExhausted(ModelError):
-    """A :class:`ScriptedModel` was asked for more turns than its script holds."""
+    """A :class:`~harnessd.scripted_model.ScriptedModel` was asked for more turns than its script holds."""
 
 
 # -- what the agent loop tells a model about the call in progress ------------------------------

@@ -310,11 +310,11 @@ class OpenAIChatModel:
     capped at ``max_retry_wait``; without one, exponential backoff from
     ``backoff`` seconds doubling up to ``max_backoff``, with jitter. Each
     retry is reported as a ``model_retry`` event to the agent's
-    :func:`current_call` reporter.
+    :func:`~harnessd.models.current_call` reporter.
 
     Request body: ``temperature`` and ``max_tokens`` when given;
     ``parallel_tool_calls`` when tools are offered and the agent said how
-    the calls will run (:class:`CallInfo`), unless
+    the calls will run (:class:`~harnessd.models.CallInfo`), unless
     ``send_parallel_tool_calls`` is False. An endpoint that refuses
     ``parallel_tool_calls`` (400 naming it, as some reasoning models do) is
     asked again without it, and ``max_tokens`` is renamed

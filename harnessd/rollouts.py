@@ -6,7 +6,7 @@ build the model there (a *model factory*, e.g. :class:`ScriptedModelSpec` or
 :class:`OpenAIModelSpec`, which reads its API key from that process's
 environment), and how to launch execd in the rollout's workspace (a *runtime
 factory*, e.g. :class:`LocalWorkspace`, or any callable returning a
-:class:`Workspace` around :func:`harnessd.serve`). :func:`run_rollout` runs
+:class:`Workspace` around :func:`~harnessd.launcher.serve`). :func:`run_rollout` runs
 it: launch execd, run the agent loop, read execd's ledger head, close the
 session (marker cleanup), and return a :class:`RolloutResult` -- transcript,
 trace, ledger head, timings -- that is plain data too.
@@ -38,7 +38,7 @@ from harnessd.models import Model
 from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import PacedModel, ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 
 # -- errors ------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ class RolloutInfo:
 
     ``marker`` is unique to this attempt and starts with the pool's tag, so
     every process of every rollout of a pool can be found (pass it to
-    :func:`harnessd.serve` as ``marker=``).
+    :func:`~harnessd.launcher.serve` as ``marker=``).
     """
 
     rollout_id: str
@@ -105,7 +105,7 @@ class RolloutInfo:
 class Workspace:
     """What a runtime factory returns for one rollout.
 
-    ``launch``: :func:`harnessd.serve`'s result, not awaited yet. ``root``:
+    ``launch``: :func:`~harnessd.launcher.serve`'s result, not awaited yet. ``root``:
     the directory in the workspace the tools work in (None: execd's working
     directory). ``cleanup``: called once the session is closed, whatever
     happened (removes what the factory made, for instance).

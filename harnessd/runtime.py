@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from harnessd.errors import HarnessError
-from harnessd.token import TOKEN_VAR
+from protocol.values import TOKEN_VAR
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 """Default cap on the bytes kept from each output stream of :meth:`Runtime.run`."""
@@ -75,30 +75,10 @@ class CommandResult:
 
 @runtime_checkable
 class Runtime(Protocol):
-    """What the launcher needs from a workspace.
+    """What the launcher needs from a workspace: four coroutines.
 
-    ``run``
-        Run ``argv`` to completion and return its exit code and output. ``stdin``
-        bytes are fed to it (else it reads an empty stdin). ``timeout`` bounds the
-        whole run; past it the command is killed and WorkspaceError raised. A
-        command that cannot be started raises WorkspaceError; a non-zero exit
-        is returned, not raised.
-    ``start_background``
-        Start ``argv`` detached from the caller (its own session, stdin from
-        ``/dev/null``), stdout and stderr appended to ``log_path`` (created
-        with mode 0600 when missing), and return once it is started. It
-        returns nothing: no PID comes back, because nothing the launcher does
-        may depend on one.
-    ``read_file``
-        The whole content of ``path``; WorkspaceError when it cannot be read or
-        is larger than ``max_bytes``.
-    ``write_file``
-        Create ``path`` holding ``data`` with permission bits ``mode``. The file
-        must not exist yet (WorkspaceError otherwise), and is never accessible
-        with wider permissions than 0600 while it is written, so a token written
-        with the default mode is not readable by anyone else at any instant.
-        With ``make_parents`` the missing parent directories are created first
-        with mode 0700.
+    Secrets travel as file content (``write_file`` data, ``run``'s stdin),
+    never in argv or in the environment.
     """
 
     async def run(
@@ -107,15 +87,44 @@ class Runtime(Protocol):
         *,
         stdin: bytes | None = None,
         timeout: float | None = None,
-    ) -> CommandResult: ...
+    ) -> CommandResult:
+        """Run ``argv`` to completion and return its exit code and output.
 
-    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None: ...
+        ``stdin`` bytes are fed to it (else it reads an empty stdin).
+        ``timeout`` bounds the whole run; past it the command is killed and
+        WorkspaceError raised. A command that cannot be started raises
+        WorkspaceError; a non-zero exit is returned, not raised.
+        """
+        ...
 
-    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes: ...
+    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
+        """Start ``argv`` detached from the caller, and return once it is started.
+
+        It runs in its own session with stdin from ``/dev/null``, stdout and
+        stderr appended to ``log_path`` (created with mode 0600 when missing).
+        No PID comes back, because nothing the launcher does may depend on one.
+        """
+        ...
+
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
+        """The whole content of ``path``.
+
+        WorkspaceError when it cannot be read or is larger than ``max_bytes``.
+        """
+        ...
 
     async def write_file(
         self, path: str, data: bytes, *, mode: int = 0o600, make_parents: bool = False
-    ) -> None: ...
+    ) -> None:
+        """Create ``path`` holding ``data`` with permission bits ``mode``.
+
+        The file must not exist yet (WorkspaceError otherwise), and is never
+        accessible with wider permissions than 0600 while it is written, so a
+        token written with the default mode is not readable by anyone else at
+        any instant. With ``make_parents`` the missing parent directories are
+        created first with mode 0700.
+        """
+        ...
 
 
 CREDENTIAL_NAME = re.compile(
@@ -188,7 +197,7 @@ async def run_process(
     max_output: int = DEFAULT_MAX_OUTPUT,
     env: Mapping[str, str] | None = None,
 ) -> CommandResult:
-    """Run ``argv`` on this machine to completion (the body of :meth:`LocalRuntime.run`).
+    """Run ``argv`` on this machine to completion (the body of ``run`` in :class:`LocalRuntime`).
 
     The command leads its own session; on timeout or cancellation its whole
     process group is killed. The environment is ``env``, by default

@@ -86,8 +86,8 @@ class ScriptedModel:
     ``variables`` when the model is built: a string that is exactly one
     placeholder becomes the value itself (so ``"{{port}}"`` can become an
     integer), elsewhere the value's text is spliced in; an unknown name is a
-    :class:`ModelConfigError`. Asking for a turn past the end raises
-    :class:`ScriptExhausted`. Each instance keeps its own position.
+    :class:`~harnessd.models.ModelConfigError`. Asking for a turn past the end raises
+    :class:`~harnessd.models.ScriptExhausted`. Each instance keeps its own position.
     """
 
     def __init__(

@@ -185,7 +185,7 @@ class Terminal:
 
 
 class TerminalsClient(Client):
-    """``terminal.*`` methods (a base of :class:`harnessd.rpc.ExecdClient`)."""
+    """``terminal.*`` methods (a base of :class:`harnessd.api.ExecdClient`)."""
 
     async def open_terminal(
         self,
@@ -200,11 +200,20 @@ class TerminalsClient(Client):
         limits: Limits | Mapping[str, float] | None = None,
     ) -> Terminal:
         """Start ``argv`` (or ``command`` through ``/bin/sh -c``) on a new terminal."""
-        params = rpc.OPEN.params_from(locals(), limits=as_limits(limits))
+        params = rpc.OpenParams(
+            argv=argv,
+            command=command,
+            cwd=cwd,
+            env=env,
+            unset=unset,
+            rows=rows,
+            cols=cols,
+            limits=as_limits(limits),
+        )
         return Terminal(self, await self.call(rpc.OPEN, params))
 
     def attach_terminal(self, terminal_id: str) -> Terminal:
-        """A :class:`Terminal` for one opened earlier (by this or another connection)."""
+        """A :class:`~harnessd.terminal.Terminal` for one opened earlier (by this or another connection)."""
         info = rpc.TerminalInfo(
             terminal_id=terminal_id, pid=0, tty="", title="", state="running", rows=0, cols=0
         )

@@ -37,7 +37,8 @@ def describe_error(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {exc}"
 
 
-def _text(data: bytes) -> str:
+def plain_text(data: bytes) -> str:
+    """Bytes from the workspace as text for the model (undecodable bytes become U+FFFD)."""
     return data.decode("utf-8", "replace")
 
 
@@ -146,11 +147,11 @@ def _with_streams(
             parts[0] += f"; {label} was {len(data) + dropped} bytes"
             split = exec_cap // 2 if exec_cap is not None else len(data)
             body = (
-                _text(data[:split])
+                plain_text(data[:split])
                 + f"\n[... {dropped} bytes of {label} dropped in the workspace ...]\n"
-                + _text(data[split:])
+                + plain_text(data[split:])
             )
         else:
-            body = _text(data)
+            body = plain_text(data)
         parts.append(f"{label}:\n{body}")
     return "\n".join(parts)

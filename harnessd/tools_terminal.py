@@ -1,7 +1,8 @@
 """The agent's tools for interactive programs: start one on a terminal, send keys, read, stop.
 
 A model drives a REPL, answers a prompt or steers a full-screen program with
-four tools, declared like every other tool (:mod:`harnessd.tools`):
+four tools, declared like every other tool (:mod:`harnessd.toolbox`) on
+:data:`TERMINAL_TOOLS`:
 
 * ``terminal_start``: start a command on a new terminal; returns the
   terminal's name and what it printed first;
@@ -13,30 +14,30 @@ four tools, declared like every other tool (:mod:`harnessd.tools`):
 
 What the model sees is the terminal's output with escape sequences (colours,
 cursor movement) and carriage returns removed. A terminal whose program
-exits says so with its status. The toolbox closes its terminals when it
-closes.
+exits says so with its status. Each toolbox keeps its own terminals (at
+most :data:`MAX_TERMINALS`) and hangs them up when it closes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
 from harnessd.terminal import Terminal
 from harnessd.tool_text import ToolFailed
-from harnessd.tools import (
+from harnessd.toolbox import (
     MAX_SECONDS,
+    Args,
     CallContext,
     Command,
     Name,
     Toolbox,
+    ToolSet,
     WorkDir,
-    _Args,
     about,
-    tool,
 )
 from protocol.rpc import terminal as terminal_api
 
@@ -78,7 +79,7 @@ TerminalName = Annotated[Name, about("the terminal's name, as terminal_start ret
 _ESCAPES = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
-class TerminalStartArgs(_Args):
+class TerminalStartArgs(Args):
     """Start an interactive program (a REPL, an installer asking questions, anything that needs
     a terminal) on a new terminal. Returns the terminal's name and what it printed first; then use
     terminal_send to type, terminal_read to see more, terminal_stop to end it."""
@@ -90,7 +91,7 @@ class TerminalStartArgs(_Args):
     wait: Wait = 1.0
 
 
-class TerminalSendArgs(_Args):
+class TerminalSendArgs(Args):
     """Type on a terminal: `text` first, then `keys` in order (e.g. text "6*7" and keys
     ["enter"], or keys ["ctrl-c"] to interrupt). Returns the output that appeared."""
 
@@ -105,7 +106,7 @@ class TerminalSendArgs(_Args):
     max_chars: MaxChars = DEFAULT_READ
 
 
-class TerminalReadArgs(_Args):
+class TerminalReadArgs(Args):
     """Read what a terminal's program printed since the last read, waiting for it if needed."""
 
     terminal: TerminalName
@@ -113,7 +114,7 @@ class TerminalReadArgs(_Args):
     max_chars: MaxChars = DEFAULT_READ
 
 
-class TerminalStopArgs(_Args):
+class TerminalStopArgs(Args):
     """Stop a terminal's program (hang up its terminal) and return its exit status."""
 
     terminal: TerminalName
@@ -125,8 +126,17 @@ def screen_text(data: bytes) -> str:
     return text.decode("utf-8", "replace")
 
 
-def _terminals(box: Toolbox) -> dict[str, Terminal]:
-    return box.terminals
+TERMINAL_TOOLS: Final = ToolSet()
+"""The terminal tools, in the order they are offered."""
+
+
+class _Terminals(dict[str, Terminal]):
+    """One toolbox's open terminals by the name the model knows them by."""
+
+
+def open_terminals(box: Toolbox) -> dict[str, Terminal]:
+    """The terminals ``box``'s tools have open, by name."""
+    return box.state(_Terminals)
 
 
 async def _show(box: Toolbox, name: str, term: Terminal, wait: float, max_chars: int) -> str:
@@ -135,7 +145,7 @@ async def _show(box: Toolbox, name: str, term: Terminal, wait: float, max_chars:
     text = screen_text(data)[:max_chars]
     if term.info.state == "exited":
         # The output ended with the program; the attach call brought its final status.
-        _terminals(box).pop(name, None)
+        open_terminals(box).pop(name, None)
         ended = f"[terminal {name} ended: {_how(term.info)}]"
         return f"{text}\n{ended}" if text else ended
     return text if text else "[no new output]"
@@ -153,21 +163,21 @@ def _how(info: terminal_api.TerminalInfo) -> str:
 
 
 def _terminal(box: Toolbox, name: str) -> Terminal:
-    term = _terminals(box).get(name)
+    term = open_terminals(box).get(name)
     if term is None:
-        known = ", ".join(sorted(_terminals(box))) or "none"
+        known = ", ".join(sorted(open_terminals(box))) or "none"
         raise ToolFailed(f"no open terminal {name!r} (open: {known})")
     return term
 
 
-@tool("terminal_start", TerminalStartArgs)
+@TERMINAL_TOOLS.tool("terminal_start", TerminalStartArgs)
 async def _terminal_start(box: Toolbox, args: TerminalStartArgs, context: CallContext) -> str:
-    terminals = _terminals(box)
+    terminals = open_terminals(box)
     if len(terminals) >= MAX_TERMINALS:
         raise ToolFailed(f"{MAX_TERMINALS} terminals are open; stop one first")
-    term = await box._client().open_terminal(
+    term = await box.client().open_terminal(
         command=args.command,
-        cwd=box._cwd(args.cwd),
+        cwd=box.cwd(args.cwd),
         rows=args.rows,
         cols=args.cols,
         limits=box.config.limits,
@@ -178,7 +188,7 @@ async def _terminal_start(box: Toolbox, args: TerminalStartArgs, context: CallCo
     return f"terminal {name} started (pid {term.info.pid})\n{shown}"
 
 
-@tool("terminal_send", TerminalSendArgs)
+@TERMINAL_TOOLS.tool("terminal_send", TerminalSendArgs)
 async def _terminal_send(box: Toolbox, args: TerminalSendArgs, context: CallContext) -> str:
     term = _terminal(box, args.terminal)
     data = args.text.encode() + b"".join(KEYS[key] for key in args.keys)
@@ -187,23 +197,24 @@ async def _terminal_send(box: Toolbox, args: TerminalSendArgs, context: CallCont
     return await _show(box, args.terminal, term, args.wait, args.max_chars)
 
 
-@tool("terminal_read", TerminalReadArgs)
+@TERMINAL_TOOLS.tool("terminal_read", TerminalReadArgs)
 async def _terminal_read(box: Toolbox, args: TerminalReadArgs, context: CallContext) -> str:
     term = _terminal(box, args.terminal)
     return await _show(box, args.terminal, term, args.wait, args.max_chars)
 
 
-@tool("terminal_stop", TerminalStopArgs)
+@TERMINAL_TOOLS.tool("terminal_stop", TerminalStopArgs)
 async def _terminal_stop(box: Toolbox, args: TerminalStopArgs, context: CallContext) -> str:
     term = _terminal(box, args.terminal)
-    _terminals(box).pop(args.terminal, None)
+    open_terminals(box).pop(args.terminal, None)
     info = await term.close(grace=2.0)
     return f"terminal {args.terminal} stopped: {_how(info)}"
 
 
+@TERMINAL_TOOLS.closer
 async def close_terminals(box: Toolbox) -> None:
     """Hang up every terminal the toolbox still has open."""
-    terminals = _terminals(box)
+    terminals = open_terminals(box)
     while terminals:
         _, term = terminals.popitem()
         # Closing what is left: the connection may be gone already.

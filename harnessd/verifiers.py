@@ -5,7 +5,7 @@ never imports this module (or verifiers); import it by name.
 
 Theory of operation
 -------------------
-``start()`` launches one execd through a harnessd runtime (:func:`harnessd.serve`:
+``start()`` launches one execd through a harnessd runtime (:func:`~harnessd.launcher.serve`:
 a local process by default, or any command prefix such as ``ssh host`` or
 ``ip netns exec ws ...``), connects, and makes a working directory in the
 workspace. Every method of the verifiers contract then maps onto execd RPCs
@@ -111,7 +111,7 @@ class ExecdConfig(BaseConfig):  # type: ignore[misc]
 
     ``execd_command``, ``bind_host``, ``connect_host``, ``encrypt``,
     ``lease``, ``start_timeout`` and ``cleanup_timeout`` are passed to
-    :func:`harnessd.serve`. ``lease`` also bounds how long execd outlives a
+    :func:`~harnessd.launcher.serve`. ``lease`` also bounds how long execd outlives a
     harness that died without running any cleanup.
 
     ``workdir``: where commands run and relative paths resolve (created when

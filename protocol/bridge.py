@@ -59,6 +59,7 @@ DEFAULT_MAX_INBOUND_BUFFER: Final = 64 * 1024 * 1024
 #: window, so the peer grants credit for the first while the next are on the
 #: way: the two ends work at once instead of taking turns.
 STREAM_CHUNK: Final = 1024 * 1024
+#: The smallest chunk :meth:`FramedProtocol.send_stream` aims for, however small the window.
 MIN_STREAM_CHUNK: Final = 64 * 1024
 #: Frames from this size on are written at once, never held to go out with others.
 HOLD_MAX: Final = 64 * 1024
@@ -169,7 +170,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
     """Base asyncio protocol for both roles.
 
     A ``BufferedProtocol``: the transport receives straight into the buffer
-    the connection offers (:attr:`Connection.get_buffer`), so the body of a
+    the connection offers (:attr:`Connection.get_buffer <protocol.connection.Connection.get_buffer>`), so the body of a
     large frame is copied by the kernel only.
     """
 
@@ -202,6 +203,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._flush_outbox()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the transport puts the next bytes: the connection's receive buffer."""
         return self.conn.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:

@@ -2,14 +2,15 @@
 
 One reusable :class:`msgspec.msgpack.Encoder` and one Decoder for the message
 union serve every connection. Decoding never lets a msgspec exception escape:
-bytes that are not msgpack become :class:`MalformedMessage`, an unknown tag
-:class:`UnknownMessageType`, and a bad field :class:`InvalidMessage`.
+bytes that are not msgpack become :class:`~protocol.errors.MalformedMessage`, an unknown tag
+:class:`~protocol.errors.UnknownMessageType`, and a bad field
+:class:`~protocol.errors.InvalidMessage`.
 
 Nesting. The decoder recurses into nested arrays and maps (also when it skips
 an unknown field or captures an ``any`` field as Raw) and gives up with a
 RecursionError near the interpreter's recursion limit (a few hundred levels
 below 1000). That is caught here, off the hot path: a message nested too
-deeply is an :class:`InvalidMessage`, except a Call whose only deep part is
+deeply is an :class:`~protocol.errors.InvalidMessage`, except a Call whose only deep part is
 its params. That Call is decoded with the params kept raw, so the call itself
 can be answered: :func:`decode_payload` then refuses the params with
 :class:`NestingTooDeep`, a ``msgspec.ValidationError`` (INVALID_PARAMS for the

@@ -113,7 +113,7 @@ class SplitexecError(Exception):
     """Base of every exception the splitexec packages define.
 
     ``harnessd.HarnessError`` is this class under the client's name; execd's
-    :class:`~execd.errors.ExecdError`, the protocol errors below and
+    ``execd.errors.ExecdError``, the protocol errors below and
     :class:`ConnectionLost` all derive from it.
     """
 

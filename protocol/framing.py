@@ -20,7 +20,7 @@ the rest of the body itself, so its bytes are copied by the kernel only;
 otherwise it is a small scratch area. Complete frames are taken straight out
 of the scratch area (one copy, into the body handed out); the bytes of an
 incomplete frame at its end are copied into the reader's own buffer when
-:meth:`FrameReader.next_frame` reaches them, as by :meth:`feed`. The scratch
+:meth:`FrameReader.next_frame` reaches them, as by :meth:`FrameReader.feed`. The scratch
 area belongs to the thread, not to the reader: the caller takes frames until
 :meth:`FrameReader.next_frame` returns None before any other reader on the
 thread is asked for a buffer (an event loop receives on one transport at a
@@ -231,22 +231,9 @@ class FrameReader:
         end = start + length
         if len(buf) < end:
             if length >= _PREALLOCATE_AT:
-                # Allocate the whole body once and fill it as bytes arrive,
-                # instead of growing the buffer (and copying it) many times.
-                have = len(buf) - start
-                spare = self._spare
-                if spare is not None and len(spare) == length:
-                    # Every byte of it is overwritten before it is handed out.
-                    body, self._spare = spare, None
-                else:
-                    body = bytearray(length)
-                body[:have] = memoryview(buf)[start:]
-                self._body = body
-                self._filled = have
-                buf.clear()
-                self._pos = 0
-                return None
-            self._maybe_compact()
+                self._start_body(start, length)
+            else:
+                self._maybe_compact()
             return None
         with memoryview(buf) as view:
             frame = bytes(view[start:end])
@@ -256,6 +243,27 @@ class FrameReader:
         else:
             self._pos = end
         return frame
+
+    def _start_body(self, start: int, length: int) -> None:
+        """Give the large body that begins at ``start`` of the buffer its own bytearray.
+
+        The whole body is allocated once and filled as bytes arrive
+        (:meth:`feed` copies straight into it), instead of the buffer growing
+        (and being copied) many times.
+        """
+        buf = self._buf
+        have = len(buf) - start
+        spare = self._spare
+        if spare is not None and len(spare) == length:
+            # Every byte of it is overwritten before it is handed out.
+            body, self._spare = spare, None
+        else:
+            body = bytearray(length)
+        body[:have] = memoryview(buf)[start:]
+        self._body = body
+        self._filled = have
+        buf.clear()
+        self._pos = 0
 
     def _maybe_compact(self) -> None:
         if self._pos >= _COMPACT_AT or (self._pos and self._pos * 2 >= len(self._buf)):

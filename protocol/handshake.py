@@ -47,6 +47,10 @@ MAX_TOKEN_BYTES: Final = 4096
 _ASCII_WHITESPACE: Final = b" \t\n\x0b\x0c\r"
 
 
+class EmptyToken(ValueError):
+    """Nothing is left of a token once the whitespace at its ends is removed."""
+
+
 def token_bytes(token: bytes | str) -> bytes:
     """The token's byte form: what the MACs and the key derivation are keyed with.
 
@@ -55,13 +59,13 @@ def token_bytes(token: bytes | str) -> bytes:
     Then leading and trailing ASCII whitespace -- space, tab, LF, VT, FF, CR --
     is removed, exactly as ``bytes.strip()`` does, so a file written by
     ``echo`` works; nothing else changes (no decoding of hex or base64).
-    Raises ValueError when nothing is left or more than
-    :data:`MAX_TOKEN_BYTES` are.
+    Raises :class:`EmptyToken` (a ValueError) when nothing is left, and
+    ValueError when more than :data:`MAX_TOKEN_BYTES` are.
     """
     raw = token.encode("utf-8", "surrogateescape") if isinstance(token, str) else bytes(token)
     stripped = raw.strip(_ASCII_WHITESPACE)
     if not stripped:
-        raise ValueError("the token is empty")
+        raise EmptyToken("the token is empty")
     if len(stripped) > MAX_TOKEN_BYTES:
         raise ValueError(f"the token is longer than {MAX_TOKEN_BYTES} bytes")
     return stripped

@@ -46,8 +46,11 @@ MAX_NAME = 128
 MAX_ERROR_MESSAGE = 4096
 #: Distinct stream names one call may open per direction.
 MAX_STREAMS_PER_CALL = 8
-#: Largest call id (ids are unsigned 63-bit so every msgpack library can carry them).
-MAX_CALL_ID = 2**63 - 1
+#: Largest ``u63``: the wire's ids, seqs, offsets and sizes stay below 2^63 so that every
+#: msgpack library can carry them.
+MAX_U63 = 2**63 - 1
+#: Largest call id.
+MAX_CALL_ID = MAX_U63
 
 #: Cipher names, in this implementation's order of preference.
 CIPHER_NONE = "none"

@@ -18,7 +18,7 @@ import msgspec
 
 from protocol import limits
 
-_U63 = msgspec.Meta(ge=0, le=limits.MAX_CALL_ID)
+_U63 = msgspec.Meta(ge=0, le=limits.MAX_U63)
 _U32 = msgspec.Meta(ge=0, le=limits.MAX_HEADER_VALUE)
 CallId = Annotated[int, _U63]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=limits.MAX_NAME)]

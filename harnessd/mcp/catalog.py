@@ -2,24 +2,24 @@
 
 They are the agent loop's tools (:data:`harnessd.tools.TOOLS`): the same
 argument Structs give the JSON schemas (``inputSchema``) and decode the
-arguments, the same descriptions tell the model what each does, and one
-:class:`~harnessd.tools.Toolbox` runs them. Two more that a client without a
-shell of its own needs are declared here the same way: ``stat_path`` and
-``service_status``.
+arguments, the same descriptions tell the model what each does, and a
+:class:`~harnessd.toolbox.Toolbox` runs them. Two more that a client
+without a shell of its own needs are declared here the same way, on
+:data:`MCP_TOOLS`: ``stat_path`` and ``service_status``.
 
-What the server's flags fix (:class:`~harnessd.tools.ToolConfig`) applies to
-every call and is not an argument the model could raise: resource limits of
-every command, service and terminal, the longest timeout, the characters of
-a result, the bytes of a read. With ``confine``, a path (or working
+What the server's flags fix (:class:`~harnessd.toolbox.ToolConfig`) applies
+to every call and is not an argument the model could raise: resource limits
+of every command, service and terminal, the longest timeout, the characters
+of a result, the bytes of a read. With ``confine``, a path (or working
 directory) that resolves outside the workspace root is refused with a tool
 error. That is a check of the path's text, not a sandbox: symlinks inside the
 workspace are not resolved, and commands run by the shell tools can reach
 whatever the workspace's user can.
 
 A call never raises for what the model sent or for what execd answered: it
-returns a :class:`~harnessd.tools.ToolResult` with ``ok`` false and the typed
-error's message (``error: NotFound (code N): ...``), which the server turns
-into an MCP tool error (``isError``). Only an unknown tool name raises
+returns a :class:`~harnessd.toolbox.ToolResult` with ``ok`` false and the
+typed error's message (``error: NotFound (code N): ...``), which the server
+turns into an MCP tool error (``isError``). Only an unknown tool name raises
 :class:`UnknownTool`, a protocol error by the MCP specification.
 """
 
@@ -28,52 +28,79 @@ from __future__ import annotations
 import itertools
 import posixpath
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
 from harnessd.api import ExecdClient
-from harnessd.errors import HarnessError
 from harnessd.mcp.relay import OutputRelay
 from harnessd.models import ToolCall
-from harnessd.tool_text import ToolFailed, describe_error, format_service, truncate
-from harnessd.tools import (
-    TOOLS,
+from harnessd.tool_text import ToolFailed, format_service
+from harnessd.toolbox import (
+    Args,
+    CallContext,
     Name,
-    Path_,
+    PathArg,
     Toolbox,
     ToolConfig,
     ToolResult,
+    ToolSet,
     about,
-    parameters_schema,
 )
+from harnessd.tools import TOOLS
 
 
 class UnknownTool(LookupError):
     """A call named a tool that is not offered."""
 
 
-class _Extra(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Arguments of the tools declared here: unknown keys are refused, as the agent's are."""
-
-
-class StatPathArgs(_Extra):
+class StatPathArgs(Args):
     """Describe a path in the workspace without reading it: its type (file, dir, symlink, ...),
     size in bytes, permission bits, owner and modification time. Fails when it does not exist."""
 
-    path: Path_
+    path: PathArg
     follow_symlinks: Annotated[
         bool, about("describe what a symlink points to (default) instead of the link itself")
     ] = True
 
 
-class ServiceStatusArgs(_Extra):
+class ServiceStatusArgs(Args):
     """The state of a service started with start_service: running or exited, its pid, whether
     its readiness probe passed, restarts, its last exit status and the size of its log."""
 
     name: Annotated[Name, about("service name")]
+
+
+MCP_TOOLS: Final = ToolSet()
+"""The tools declared here, offered after the agent loop's."""
+
+
+@MCP_TOOLS.tool("stat_path", StatPathArgs)
+async def _stat_path(box: Toolbox, args: StatPathArgs, context: CallContext) -> str:
+    path = box.path(args.path)
+    info = await box.client().stat(path, follow_symlinks=args.follow_symlinks)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.mtime))
+    text = (
+        f"{path}: {info.type}, {info.size} bytes, mode {info.mode:04o}, "
+        f"uid {info.uid} gid {info.gid}, modified {when}"
+    )
+    return f"{text}, symlink to {info.target}" if info.target is not None else text
+
+
+@MCP_TOOLS.tool("service_status", ServiceStatusArgs)
+async def _service_status(box: Toolbox, args: ServiceStatusArgs, context: CallContext) -> str:
+    return format_service(await box.client().service_status(box.scoped_name(args.name)))
+
+
+OFFERED: Final = ToolSet(TOOLS, MCP_TOOLS)
+"""Every tool the MCP server offers, in order."""
+
+READ_ONLY: Final = frozenset(
+    {"read_file", "list_files", "stat_path", "wait_for_path", "service_logs", "service_status"}
+)
+"""Tools that only look; every other one may change the workspace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,29 +114,28 @@ class Offer:
     """True when the tool changes nothing in the workspace (an MCP annotation hint)."""
 
 
-READ_ONLY = frozenset(
-    {"read_file", "list_files", "stat_path", "wait_for_path", "service_logs", "service_status"}
-)
-"""Tools that only look; every other one may change the workspace."""
+def offers() -> list[Offer]:
+    """Every tool offered: the agent loop's, in its order, then the ones declared here."""
+    return [
+        Offer(name, entry.spec.description, entry.spec.parameters, name in READ_ONLY)
+        for name, entry in OFFERED.items()
+    ]
 
 
 class ConfinedToolbox(Toolbox):
-    """A toolbox whose paths may be held to the workspace root (``confine``)."""
+    """A toolbox of :data:`OFFERED` whose paths may be held to the workspace root."""
 
     def __init__(
-        self,
-        client: Callable[[], ExecdClient],
-        config: ToolConfig,
-        *,
-        confine: bool,
+        self, client: Callable[[], ExecdClient], config: ToolConfig, *, confine: bool
     ) -> None:
         if confine and config.root is None:
             raise ValueError("confining paths needs a workspace root")
-        super().__init__(client, config)
+        super().__init__(client, config, toolset=OFFERED)
         self.confine = confine
 
-    def _path(self, path: str) -> str:
-        resolved = posixpath.normpath(super()._path(path))
+    def path(self, path: str) -> str:
+        """``path`` resolved against the root; ToolFailed outside it when confined."""
+        resolved = posixpath.normpath(super().path(path))
         root = self.config.root
         if self.confine and root is not None and not within(resolved, root):
             raise ToolFailed(
@@ -117,56 +143,11 @@ class ConfinedToolbox(Toolbox):
             )
         return resolved
 
-    def resolve(self, path: str) -> str:
-        """``path`` as the tools resolve it (relative to the root; checked when confined)."""
-        return self._path(path)
-
 
 def within(path: str, root: str) -> bool:
     """Whether the normalized absolute ``path`` is ``root`` or below it."""
     base = posixpath.normpath(root)
     return path == base or path.startswith(base.rstrip("/") + "/")
-
-
-_ExtraHandler = Callable[[ConfinedToolbox, ExecdClient, Any], Awaitable[str]]
-
-
-async def _stat_path(box: ConfinedToolbox, client: ExecdClient, args: StatPathArgs) -> str:
-    path = box.resolve(args.path)
-    info = await client.stat(path, follow_symlinks=args.follow_symlinks)
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.mtime))
-    text = (
-        f"{path}: {info.type}, {info.size} bytes, mode {info.mode:04o}, "
-        f"uid {info.uid} gid {info.gid}, modified {when}"
-    )
-    return f"{text}, symlink to {info.target}" if info.target is not None else text
-
-
-async def _service_status(
-    box: ConfinedToolbox, client: ExecdClient, args: ServiceStatusArgs
-) -> str:
-    return format_service(await client.service_status(args.name))
-
-
-_EXTRAS: dict[str, tuple[type[_Extra], _ExtraHandler]] = {
-    "stat_path": (StatPathArgs, _stat_path),
-    "service_status": (ServiceStatusArgs, _service_status),
-}
-
-
-def _offer(name: str, args: type[msgspec.Struct], description: str) -> Offer:
-    return Offer(name, description, parameters_schema(args), name in READ_ONLY)
-
-
-def offers() -> list[Offer]:
-    """Every tool offered: the agent loop's, in its order, then the ones declared here."""
-    listed = [
-        Offer(entry.name, entry.spec.description, entry.spec.parameters, entry.name in READ_ONLY)
-        for entry in TOOLS.values()
-    ]
-    for name, (args, _) in _EXTRAS.items():
-        listed.append(_offer(name, args, " ".join((args.__doc__ or "").split())))
-    return listed
 
 
 class WorkspaceTools:
@@ -176,16 +157,10 @@ class WorkspaceTools:
     """
 
     def __init__(
-        self,
-        client: Callable[[], ExecdClient],
-        config: ToolConfig,
-        *,
-        confine: bool = False,
+        self, client: Callable[[], ExecdClient], config: ToolConfig, *, confine: bool = False
     ) -> None:
-        self._client = client
         self.box = ConfinedToolbox(client, config, confine=confine)
         self._ids = itertools.count(1)
-        self._decoders = {name: msgspec.json.Decoder(args) for name, (args, _) in _EXTRAS.items()}
 
     @property
     def config(self) -> ToolConfig:
@@ -194,37 +169,11 @@ class WorkspaceTools:
 
     def new_call(self, name: str, arguments: dict[str, Any] | None) -> ToolCall:
         """A call with a fresh id; raises UnknownTool for a name not offered."""
-        if name not in TOOLS and name not in _EXTRAS:
+        if name not in OFFERED:
             raise UnknownTool(name)
         text = msgspec.json.encode(arguments or {}).decode()
         return ToolCall(id=f"call-{next(self._ids)}", name=name, arguments=text)
 
     async def run(self, call: ToolCall, relay: OutputRelay | None = None) -> ToolResult:
         """Run ``call``; its command output (shell) goes to ``relay`` as it arrives."""
-        extra = _EXTRAS.get(call.name)
-        if extra is not None:
-            return await self._run_extra(call, extra[1])
         return await self.box.call(call, output=relay.add if relay is not None else None)
-
-    async def _run_extra(self, call: ToolCall, handler: _ExtraHandler) -> ToolResult:
-        started = time.perf_counter()
-        ok, error = True, None
-        try:
-            args = self._decoders[call.name].decode(call.arguments)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            text = f"error: invalid arguments for {call.name}: {exc}"
-            ok, error = False, "InvalidArguments"
-        else:
-            try:
-                text = await handler(self.box, self._client(), args)
-            except (HarnessError, ToolFailed, OSError, ValueError) as exc:
-                text, ok, error = describe_error(exc), False, type(exc).__name__
-        return ToolResult(
-            call_id=call.id,
-            name=call.name,
-            text=truncate(text, self.config.output_cap),
-            ok=ok,
-            ms=(time.perf_counter() - started) * 1000.0,
-            error=error,
-            full_chars=len(text),
-        )

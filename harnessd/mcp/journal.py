@@ -8,7 +8,7 @@ entries to execd's ledger store (:class:`~harnessd.ledger_sync.LedgerSync`)
 after each call, so a tool result never waits for the ledger's disk sync.
 Syncs are serialized and coalesced: calls that finish while one is running
 are sent together by the next. A failed sync (connection lost, execd
-restarting) is retried after the next call, and once more at :meth:`close`.
+restarting) is retried after the next call, and once more at :meth:`Journal.close`.
 
 The ledger lives in memory too until the server ends, so it is bounded:
 after :data:`MAX_ENTRIES` entries one ``journal_full`` entry is written and

@@ -229,7 +229,7 @@ class WorkspaceResources:
 
     def _checked(self, path: str) -> str:
         try:
-            return self._box.resolve(path)
+            return self._box.path(path)
         except ToolFailed as exc:
             raise ResourceError(str(exc)) from None
 

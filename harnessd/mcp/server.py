@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-One :class:`WorkspaceServer` serves one workspace (:class:`Workspace`) to
+One :class:`WorkspaceServer` serves one workspace (:class:`~harnessd.mcp.workspace.Workspace`) to
 any number of MCP sessions (one over stdio; any number over HTTP). They
 share one toolbox, so persistent shells, services and terminals are named
 per server, not per session.
@@ -64,7 +64,7 @@ from harnessd.mcp.resources import TEMPLATES, ResourceError, WorkspaceResources,
 from harnessd.mcp.workspace import Cleanup, Workspace
 from harnessd.models import ToolCall
 from harnessd.tool_text import describe_error
-from harnessd.tools import ToolConfig, ToolResult
+from harnessd.toolbox import ToolConfig, ToolResult
 
 log = logging.getLogger("harnessd.mcp")
 

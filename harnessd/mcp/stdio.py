@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.streams.memory
+import mcp.shared.message
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
@@ -207,8 +209,10 @@ async def stdio_streams(
     limit: int = MAX_MESSAGE,
 ) -> AsyncIterator[
     tuple[
-        MemoryObjectReceiveStream[SessionMessage | Exception],
-        MemoryObjectSendStream[SessionMessage],
+        anyio.streams.memory.MemoryObjectReceiveStream[
+            mcp.shared.message.SessionMessage | Exception
+        ],
+        anyio.streams.memory.MemoryObjectSendStream[mcp.shared.message.SessionMessage],
     ]
 ]:
     """The server's ends of the stdio wire: messages read, and where to send messages.

@@ -2,7 +2,7 @@
 
 :class:`Workspace` is opened from a :class:`LaunchTarget` (start execd on this
 machine or through a command prefix such as ``ssh host`` or ``docker exec -i
-box``, with a lease, as :func:`harnessd.serve` does) or a
+box``, with a lease, as :func:`~harnessd.launcher.serve` does) or a
 :class:`ConnectTarget` (an execd at an address, with its token). It hands out
 the current client, reconnects when the connection was lost, and at the end
 (:meth:`Workspace.close`) kills every process carrying execd's marker; a
@@ -38,7 +38,7 @@ class LaunchTarget:
     goes through a remote shell (ssh), so arguments are quoted.
     ``execd_command``: what starts execd there (default: this interpreter's
     ``-m execd``). ``bind_host``/``connect_host``/``encrypt``/``lease``: as
-    :func:`harnessd.serve` takes them. ``scrub``: more environment variable
+    :func:`~harnessd.launcher.serve` takes them. ``scrub``: more environment variable
     names to keep from execd's environment.
     """
 

@@ -28,15 +28,16 @@ How to add an RPC
    and result types; the capability's ``methods()`` (``bind(self,
    files.RPCS)``) picks it up.
 3. In ``harnessd/api.py`` (or ``api_services.py``), add the typed client
-   method, its keywords named after the params' fields:
-   ``return await self.call(files.FROB, files.FROB.params_from(locals()))``.
+   method, its keywords named and typed after the params' fields, and build
+   the params with them: ``files.FrobParams(path=path, depth=depth)`` (mypy
+   checks each keyword; ``tests/unit/test_rpc.py`` holds each argument's
+   annotation to its field's).
 4. Document it in PROTOCOL.md section 15 and add its row to section 17.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -63,19 +64,6 @@ class Rpc(msgspec.Struct, Generic[P, R], frozen=True):
 
     def __str__(self) -> str:
         return self.name
-
-    def params_from(self, args: Mapping[str, Any], /, **given: Any) -> P:
-        """The params of a call built from a client method's arguments.
-
-        ``args`` is the method's ``locals()``, taken before it binds anything
-        else: each field of the params takes the argument of the same name,
-        ``given`` sets or overrides fields, and a field with neither keeps its
-        default. The keywords of a client method are its wire fields, so they
-        are written once, in its signature.
-        """
-        fields = cast("type[msgspec.Struct]", self.params).__struct_fields__
-        values = {name: args[name] for name in fields if name in args}
-        return self.params(**(values | given))
 
 
 def all_rpcs() -> tuple[Rpc[Any, Any], ...]:

@@ -1,7 +1,8 @@
 """Parameter and result shapes of the ``files.*`` methods.
 
-Paths are UTF-8 strings of at most :data:`MAX_PATH` characters; a relative
-path is resolved against the daemon's working directory. Every integer and
+Paths are UTF-8 strings of 1 to :data:`~protocol.rpc.types.MAX_PATH`
+characters (:data:`~protocol.rpc.types.PathStr`); a relative path is resolved
+against the daemon's working directory. Every integer and
 byte string a client sends is bounded here so that decoding rejects absurd
 values before a handler runs.
 
@@ -18,15 +19,10 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from protocol.rpc import Rpc, Schema
-
-MAX_PATH: Final = 4096
-"""Longest path accepted, in characters."""
+from protocol.rpc.types import Offset, PathStr
 
 MAX_INLINE_DATA: Final = 16 * 1024 * 1024
 """Largest ``data`` payload a ``files.write`` call may carry inline."""
-
-MAX_OFFSET: Final = 2**63 - 1
-"""Largest file offset or size (the largest signed 64-bit value)."""
 
 MAX_LIST_LIMIT: Final = 10_000_000
 """Schema bound of ``files.list``'s ``limit``; the daemon clamps it further."""
@@ -35,9 +31,9 @@ DATA_STREAM: Final = "data"
 """Name of the stream that carries file content in both directions."""
 
 
-PathStr = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
 Mode = Annotated[int, msgspec.Meta(ge=0, le=0o7777)]
-Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_OFFSET)]
+Size = Offset
+"""A byte count in a file: the bound of an offset."""
 InlineData = Annotated[bytes, msgspec.Meta(max_length=MAX_INLINE_DATA)]
 Digest = Annotated[str, msgspec.Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
 FileType = Literal["file", "dir", "symlink", "other"]

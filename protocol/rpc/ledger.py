@@ -199,7 +199,7 @@ class RecordDecoder:
 
     ``first_seq`` is the seq the first record must carry; each next record
     must carry the next seq. With ``prev_hash`` (the hash of entry
-    ``first_seq - 1``; :data:`GENESIS_HASH` when reading from 1) every record's
+    ``first_seq - 1``; :data:`~protocol.ledger_chain.GENESIS_HASH` when reading from 1) every record's
     hash is recomputed and must match. ``max_payload`` bounds the memory one
     record may claim.
     """

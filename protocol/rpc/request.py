@@ -16,16 +16,11 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from protocol import limits
+from protocol.messages import Nonce, RequestId
 from protocol.rpc import Rpc, Schema
 
 #: Why an id is not known (``data.reason`` of REQUEST_NOT_KNOWN).
 NotKnownReason = Literal["unknown", "evicted"]
-
-Nonce = Annotated[bytes, msgspec.Meta(min_length=limits.NONCE_SIZE, max_length=limits.NONCE_SIZE)]
-RequestId = Annotated[
-    bytes, msgspec.Meta(min_length=limits.REQUEST_ID_SIZE, max_length=limits.REQUEST_ID_SIZE)
-]
 
 
 class AttachParams(Schema, kw_only=True):

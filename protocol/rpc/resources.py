@@ -49,6 +49,7 @@ import msgspec
 from protocol.rpc import Schema
 
 LimitName = Literal["memory", "cpu", "processes", "file_size", "open_files"]
+"""The resource limits a command can be given."""
 LIMIT_NAMES: Final[tuple[LimitName, ...]] = (
     "memory",
     "cpu",
@@ -57,35 +58,7 @@ LIMIT_NAMES: Final[tuple[LimitName, ...]] = (
     "open_files",
 )
 Mechanism = Literal["cgroup-v2", "cgroup-v1", "rlimit", "unavailable"]
-
-_SIZE_UNITS: Final = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """A byte count as a person writes it: ``1048576``, ``512K``, ``256M``, ``2GiB``, ``1g``.
-
-    The suffixes are binary (``K`` = 1024); ``B``/``iB`` after one is optional.
-    Raises ValueError for anything else.
-    """
-    value = text.strip().lower().removesuffix("b").removesuffix("i")
-    digits = value.rstrip("kmgt")
-    unit = value[len(digits) :]
-    if not digits.isdigit() or unit not in _SIZE_UNITS:
-        raise ValueError(f"not a byte count: {text!r} (e.g. 1048576, 512K, 256M, 2G)")
-    return int(digits) * _SIZE_UNITS[unit]
-
-
-LIMIT_OPTIONS: Final = (
-    ("memory", parse_bytes, "BYTES"),
-    ("cpu", float, "SECONDS"),
-    ("processes", int, "N"),
-    ("file_size", parse_bytes, "BYTES"),
-    ("open_files", int, "N"),
-)
-"""Each limit's command-line option (``--limit-<name>``, ``-`` for ``_``), parser and unit.
-
-execd takes them as its defaults, ``harnessd exec`` as the limits of its command.
-"""
+"""How execd enforces one limit."""
 
 MAX_BYTES: Final = 2**62
 MAX_CPU: Final = 30 * 24 * 3600.0
@@ -141,22 +114,3 @@ def as_limits(value: Limits | Mapping[str, float] | None) -> Limits | None:
     if value is None or isinstance(value, Limits):
         return value
     return msgspec.convert(dict(value), Limits)
-
-
-def option_name(limit: str) -> str:
-    """The command-line option of ``limit``: ``--limit-file-size`` for ``file_size``."""
-    return "--limit-" + limit.replace("_", "-")
-
-
-def from_options(values: Mapping[str, float | None]) -> Limits | None:
-    """The limits given on a command line (None for an option not given); None if none was.
-
-    Raises ``msgspec.ValidationError`` for a value out of range.
-    """
-    given = {k: v for k, v in values.items() if v is not None}
-    if not given:
-        # No option given (how execd usually starts): no conversion, whose first
-        # use builds msgspec's schema of Limits before execd can listen.
-        return None
-    limits = msgspec.convert(given, Limits)
-    return None if limits.is_empty() else limits

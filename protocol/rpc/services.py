@@ -79,6 +79,16 @@ import msgspec
 
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import Limits, ProcessEnd
+from protocol.rpc.types import (
+    MAX_SECONDS,
+    Argv,
+    Command,
+    Env,
+    Offset,
+    PathStr,
+    Seconds,
+    Unset,
+)
 
 LOG_STREAM: Final = "log"
 """The stream a following ``services.logs`` sends the log's bytes on."""
@@ -86,41 +96,24 @@ LOG_STREAM: Final = "log"
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a service name looks like."""
 
-MAX_ARGV: Final = 4096
-MAX_ARG: Final = 128 * 1024
-MAX_COMMAND: Final = 1024 * 1024
-MAX_ENV: Final = 4096
-MAX_ENV_NAME: Final = 4096
-MAX_PATH: Final = 4096
 MAX_HOST: Final = 255
 MAX_PATTERN: Final = 4096
 """Longest readiness regular expression, in characters."""
-
-MAX_SECONDS: Final = 30 * 24 * 3600.0
-"""Largest timeout, interval or grace period accepted, in seconds."""
 
 MAX_RESTARTS: Final = 1_000_000
 MAX_LOG_READ: Final = 4 * 1024 * 1024
 """Most log bytes one non-following ``services.logs`` returns."""
 
 MAX_LOG_LINES: Final = 1_000_000
+#: Lines of log ``services.logs`` returns when none are asked for.
 DEFAULT_LOG_LINES: Final = 100
 DEFAULT_PROBE_TIMEOUT: Final = 30.0
 DEFAULT_PROBE_INTERVAL: Final = 0.1
 DEFAULT_COMMAND_INTERVAL: Final = 0.2
 
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
-Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
-Argv = Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGV)]
-Command = Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)]
-Path = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME)]
-EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
-Env = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Interval = Annotated[float, msgspec.Meta(ge=0.001, le=MAX_SECONDS)]
 Signal = Annotated[int, msgspec.Meta(ge=1, le=64)]
-Offset = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 ServiceState = Literal["starting", "running", "backoff", "exited", "stopped"]
 
 
@@ -192,10 +185,10 @@ class StartParams(Schema):
     name: Name
     argv: Argv | None = None
     command: Command | None = None
-    cwd: Path | None = None
+    cwd: PathStr | None = None
     env: Env | None = None
-    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    log: Path | None = None
+    unset: Unset | None = None
+    log: PathStr | None = None
     probe: Probe | None = None
     restart: RestartPolicy | None = None
     #: Resource limits of every instance (``protocol.rpc.resources``).

@@ -62,29 +62,12 @@ import msgspec
 
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
+from protocol.rpc.types import Command, Count, Env, OutputCap, PathStr, Seconds, Stdin, Unset
 
 NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a session name looks like."""
 
-MAX_COMMAND: Final = 1024 * 1024
-"""Longest command text, in characters."""
-
-MAX_STDIN: Final = 16 * 1024 * 1024
-"""Largest ``stdin`` of one command."""
-
-MAX_ENV: Final = 4096
-MAX_ENV_NAME: Final = 4096
-MAX_ENV_VALUE: Final = 128 * 1024
-MAX_PATH: Final = 4096
-MAX_SECONDS: Final = 30 * 24 * 3600.0
-MAX_OUTPUT_CAP: Final = 2**40
-"""Schema bound of ``output_cap``; the daemon clamps it to its own limit."""
-
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME)]
-EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
 SessionState = Literal["idle", "busy", "dead"]
 
 
@@ -92,9 +75,9 @@ class OpenParams(Schema):
     """Open a session whose shell starts in ``cwd`` with ``env`` added to the base environment."""
 
     name: Name
-    cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
-    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    cwd: PathStr | None = None
+    env: Env | None = None
+    unset: Unset | None = None
     #: Resource limits of the shell and everything it runs (``protocol.rpc.resources``).
     limits: Limits | None = None
 
@@ -125,11 +108,11 @@ class RunParams(Schema):
     """
 
     name: Name
-    command: Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)]
-    stdin: Annotated[bytes, msgspec.Meta(max_length=MAX_STDIN)] | None = None
+    command: Command
+    stdin: Stdin | None = None
     timeout: Seconds | None = None
     kill_grace: Seconds | None = None
-    output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
+    output_cap: OutputCap | None = None
 
 
 class RunResult(Schema):

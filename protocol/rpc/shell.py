@@ -28,39 +28,27 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from protocol.messages import CallId
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
+from protocol.rpc.types import (
+    Argv,
+    Command,
+    Count,
+    Env,
+    OutputCap,
+    PathStr,
+    Seconds,
+    Stdin,
+    Unset,
+)
 
+#: The stream of a command's standard output.
 STDOUT_STREAM: Final = "stdout"
+#: The stream of a command's standard error.
 STDERR_STREAM: Final = "stderr"
+#: The stream the client sends a command's standard input on.
 STDIN_STREAM: Final = "stdin"
-
-MAX_ARGV: Final = 4096
-"""Most argv items."""
-
-MAX_ARG: Final = 128 * 1024
-"""Longest single argument (Linux's MAX_ARG_STRLEN), in characters."""
-
-MAX_COMMAND: Final = 1024 * 1024
-"""Longest ``command`` string, in characters."""
-
-MAX_ENV: Final = 4096
-"""Most ``env`` entries, and most ``unset`` names."""
-
-MAX_ENV_NAME: Final = 4096
-"""Longest environment variable name."""
-
-MAX_PATH: Final = 4096
-"""Longest working directory path."""
-
-MAX_STDIN: Final = 16 * 1024 * 1024
-"""Largest inline ``stdin``."""
-
-MAX_SECONDS: Final = 30 * 24 * 3600.0
-"""Largest timeout or grace period accepted, in seconds."""
-
-MAX_OUTPUT_CAP: Final = 2**40
-"""Schema bound of ``output_cap``; the daemon clamps it to its own limit."""
 
 MAX_COMMAND_ID: Final = 64
 """Longest command id."""
@@ -68,13 +56,8 @@ MAX_COMMAND_ID: Final = 64
 MAX_TITLE: Final = 1024
 """Longest ``CommandInfo.title``; longer command lines are truncated."""
 
-Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME)]
-EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Signal = Annotated[int, msgspec.Meta(ge=0, le=64)]
 CommandId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_COMMAND_ID)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
 CommandState = Literal["running", "exited"]
 
 
@@ -94,17 +77,17 @@ class RunParams(Schema):
     the daemon's defaults.
     """
 
-    argv: Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGV)] | None = None
-    command: Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)] | None = None
-    cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
-    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    stdin: Annotated[bytes, msgspec.Meta(max_length=MAX_STDIN)] | None = None
+    argv: Argv | None = None
+    command: Command | None = None
+    cwd: PathStr | None = None
+    env: Env | None = None
+    unset: Unset | None = None
+    stdin: Stdin | None = None
     stdin_stream: bool = False
     timeout: Seconds | None = None
     idle_timeout: Seconds | None = None
     stream: bool = False
-    output_cap: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_CAP)] | None = None
+    output_cap: OutputCap | None = None
     drain_grace: Seconds | None = None
     kill_grace: Seconds | None = None
     detached: bool = False
@@ -158,7 +141,7 @@ class SignalParams(Schema):
     """
 
     signal: Signal
-    call_id: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
+    call_id: CallId | None = None
     command_id: CommandId | None = None
     group: bool = True
 

@@ -31,18 +31,10 @@ import msgspec
 
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import Limits, ProcessEnd
-from protocol.rpc.shell import (
-    MAX_ARGV,
-    MAX_COMMAND,
-    MAX_ENV,
-    MAX_PATH,
-    Arg,
-    CommandState,
-    EnvName,
-    EnvValue,
-    Seconds,
-)
+from protocol.rpc.shell import CommandState
+from protocol.rpc.types import Argv, Command, Count, Env, PathStr, Seconds, Unset
 
+#: The stream of what the program on the terminal writes.
 OUTPUT_STREAM: Final = "output"
 
 MAX_SEND: Final = 1024 * 1024
@@ -53,7 +45,6 @@ MAX_TERMINAL_ID: Final = 64
 TerminalId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TERMINAL_ID)]
 Rows = Annotated[int, msgspec.Meta(ge=1, le=4096)]
 Cols = Annotated[int, msgspec.Meta(ge=1, le=4096)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class OpenParams(Schema, kw_only=True):
@@ -64,11 +55,11 @@ class OpenParams(Schema, kw_only=True):
     the initial window size.
     """
 
-    argv: Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGV)] | None = None
-    command: Annotated[str, msgspec.Meta(max_length=MAX_COMMAND)] | None = None
-    cwd: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)] | None = None
-    env: Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)] | None = None
-    unset: Annotated[list[EnvName], msgspec.Meta(max_length=MAX_ENV)] | None = None
+    argv: Argv | None = None
+    command: Command | None = None
+    cwd: PathStr | None = None
+    env: Env | None = None
+    unset: Unset | None = None
     rows: Rows = 24
     cols: Cols = 80
     limits: Limits | None = None

@@ -49,10 +49,9 @@ from typing import Annotated, Final, Literal, get_args
 
 import msgspec
 
+from protocol import limits
 from protocol.rpc import Rpc, Schema
-
-MAX_PATH: Final = 4096
-"""Longest path accepted, in characters."""
+from protocol.rpc.types import PathStr
 
 MAX_DEBOUNCE: Final = 3600.0
 """Longest debounce window, in seconds."""
@@ -70,8 +69,7 @@ Condition = Literal["exists", "absent", "file", "dir", "nonempty"]
 
 CHANGE_KINDS: Final[tuple[str, ...]] = get_args(ChangeKind)
 
-PathStr = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH)]
-WatchId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+WatchId = Annotated[int, msgspec.Meta(ge=1, le=limits.MAX_U63)]
 
 
 # -- watch.subscribe ------------------------------------------------------------------

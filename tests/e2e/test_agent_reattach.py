@@ -22,7 +22,7 @@ from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 from tests.conftest import eventually, one_loop
 from tests.support.cut_proxy import CutProxy

@@ -32,7 +32,8 @@ from harnessd.models import Model
 from harnessd.openai_model import OpenAIChatModel
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import TOOL_SPECS, ToolConfig
+from harnessd.toolbox import ToolConfig
+from harnessd.tools import TOOL_SPECS
 from harnessd.trace import Trace, read_trace
 from tests.conftest import eventually, one_loop
 from tests.support.chat_endpoint import ChatEndpoint

@@ -24,7 +24,7 @@ from harnessd.launcher import serve
 from harnessd.ledger_sync import decode_entry
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
-from harnessd.tools import ToolConfig
+from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from execd.marker import child_environment, cleanup, find_marked, new_marker
+from execd.marker import child_environment, cleanup, find_marked
+from protocol.values import new_marker
 from tests.support.worker_env import WorkerPython, worker_python_or_skip
 
 pytestmark = [

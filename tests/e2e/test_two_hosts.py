@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from execd.marker import child_environment, find_marked, new_marker
+from execd.marker import child_environment, find_marked
+from protocol.values import new_marker
 from tests.conftest import eventually_blocking
 from tests.e2e.netns import (
     HostsUnavailable,
@@ -383,7 +384,7 @@ def test_workspace_example_across_namespaces(
     worker_python: WorkerPython,
     workspace_root: Path,
 ) -> None:
-    """examples/workspace.py as the README runs it for a network namespace."""
+    """examples/workspace.py as docs/runtime.md runs it for a network namespace."""
     clean_env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(workspace_root),
@@ -608,7 +609,7 @@ async def _harness_side(cfg: HarnessConfig) -> dict[str, Any]:
     from harnessd.launcher import serve
     from harnessd.runtime import CommandPrefixRuntime
     from harnessd.scripted_model import ScriptedModel
-    from harnessd.tools import ToolConfig
+    from harnessd.toolbox import ToolConfig
 
     secret = os.environ[SECRET_VAR]
     facts: dict[str, Any] = {}

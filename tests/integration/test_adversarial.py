@@ -57,6 +57,7 @@ from protocol.rpc import Rpc
 from protocol.rpc import files as files_rpc
 from protocol.rpc import ledger as ledger_rpc
 from protocol.rpc import shell as shell_rpc
+from protocol.rpc import types as rpc_types
 from tests.conftest import eventually, one_loop
 from tests.support.daemon import RunningExecd, start_execd
 from tests.support.procs import allow_open_files, cmdline, descriptors
@@ -677,14 +678,16 @@ async def test_wrongly_typed_params_and_unknown_methods(daemon: RunningExecd) ->
         ("shell.run", {"argv": []}),
         ("shell.run", {"argv": ["true"], "timeout": -1}),
         ("shell.run", {"argv": ["true"], "timeout": "soon"}),
-        ("shell.run", {"argv": ["x" * (shell_rpc.MAX_ARG + 1)]}),
+        ("shell.run", {"argv": ["x" * (rpc_types.MAX_ARG + 1)]}),
         ("shell.run", 5),
         ("shell.run", ["argv"]),
         ("shell.signal", {"signal": 99, "call_id": 1}),
         ("files.read", {"path": 123}),
         ("files.read", {"path": "x", "offset": -5}),
         ("files.write", {"path": "x", "data": "text, not bytes"}),
-        ("files.write", {"path": "x" * (files_rpc.MAX_PATH + 1), "data": b""}),
+        ("files.write", {"path": "x" * (rpc_types.MAX_PATH + 1), "data": b""}),
+        ("files.stat", {"path": ""}),
+        ("files.move", {"src": "a", "dst": ""}),
         ("ledger.append", {"session": "../etc", "first_seq": 1, "prev_hash": b"", "entries": []}),
         ("ledger.head", {"session": ""}),
         ("server.echo", {"data": 5}),

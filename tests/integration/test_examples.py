@@ -43,6 +43,16 @@ def test_quickstart(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the quick start leaves nothing in its directory"
 
 
+def test_custom_tool(tmp_path: Path) -> None:
+    done = run_example("custom_tool.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("write_file: wrote 21 bytes to "), lines
+    assert lines[1].startswith("count_lines: 2 lines of ") and lines[1].endswith("'fox'"), lines
+    assert lines[2:] == ["answer: Two lines mention a fox."]
+    assert list(tmp_path.iterdir()) == [], "the example leaves nothing in its directory"
+
+
 def test_workspace_through_a_local_prefix(tmp_path: Path) -> None:
     script = 'echo out; echo err >&2; test -n "$EXECD_MARKER" && pwd; exit 3'
     done = run_example(
@@ -87,7 +97,7 @@ def test_connect_to_a_running_execd(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_rollouts(tmp_path: Path) -> None:
-    """The README's Ray example: a local Ray cluster, two actors, eight rollouts, nothing left."""
+    """The Ray example of docs/scale.md: a local Ray cluster, two actors, eight rollouts, nothing left."""
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
     # Ray keeps its sockets under its temporary directory: the path must stay short.
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
@@ -109,7 +119,7 @@ def test_ray_rollouts(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_verifiers_runtime(tmp_path: Path) -> None:
-    """The README's verifiers example: files, a command, a background server, a capped read."""
+    """The example of docs/verifiers.md: files, a command, a background server, a capped read."""
     pytest.importorskip(
         "verifiers", reason="the verifiers extra is not installed (pip install -e '.[verifiers]')"
     )
@@ -128,3 +138,38 @@ def test_limits_and_terminals(tmp_path: Path) -> None:
     # SIGXCPU under RLIMIT_CPU, SIGKILL where execd watches a cgroup's CPU time.
     assert "stopped by its cpu limit (signal " in done.stdout
     assert done.stdout.endswith("limits and terminals: ok\n")
+
+
+def test_custom_model(tmp_path: Path) -> None:
+    """docs/model.md: a text policy adapted to the Model interface runs the agent loop."""
+    done = run_example("custom_model.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == "finished after 2 turns: words.txt has 3 lines"
+    synced = re.fullmatch(r"ledger: (\d+) of (\d+) entries synced to execd", second)
+    assert synced is not None and synced.group(1) == synced.group(2), second
+
+
+def test_custom_runtime(tmp_path: Path) -> None:
+    """docs/runtime.md: execd launched, used and closed through a runtime written from scratch."""
+    done = run_example("custom_runtime.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen, *journal = done.stdout.splitlines()
+    found = re.fullmatch(r"HOME (\S+), variables (.*)", seen)
+    assert found is not None, seen
+    home, names = found.group(1), set(found.group(2).split())
+    assert "EXECD_MARKER" in names and "EXECD_TOKEN" not in names
+    # The workspace saw the runtime's clean environment, nothing of this process's.
+    assert names & set(os.environ) <= {"PATH", "HOME", "LANG", "PWD", "SHLVL", "OLDPWD", "_"}
+    assert not Path(home).exists(), "the scratch home goes with the example"
+    steps = ["run mkdir -m 700", "write_file ", "start_background ", "read_file ", "run rm -rf"]
+    assert [line for line in journal if not line.startswith(tuple(steps))] == []
+    assert [next(s for s in steps if line.startswith(s)) for line in journal] == steps, journal
+    assert re.search(r"/token-\w+ \(64 bytes, mode 600\)$", journal[1]), journal[1]
+
+
+def test_agent(tmp_path: Path) -> None:
+    """The README's agent loop: a model of a dozen lines, one tool call, an answer."""
+    done = run_example("agent.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "finished: The workspace runs Linux. (1 tool call)\n"

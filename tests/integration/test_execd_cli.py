@@ -146,7 +146,7 @@ def test_under_setpriv_with_roots_home_execd_starts_and_says_where_its_state_is(
             worker = prepare(as_nobody, package_dir)
         except WorkerPythonUnavailable as exc:
             pytest.skip(str(exc))
-        # setpriv keeps root's HOME, which nobody cannot write: the README's own example.
+        # setpriv keeps root's HOME, which nobody cannot write: the example of docs/runtime.md.
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/root",

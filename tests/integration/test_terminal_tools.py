@@ -8,8 +8,9 @@ import pytest
 
 from harnessd.api import ExecdClient
 from harnessd.models import ToolCall
-from harnessd.tools import Toolbox, ToolConfig
-from harnessd.tools_terminal import screen_text
+from harnessd.toolbox import Toolbox, ToolConfig
+from harnessd.tools import TOOLS
+from harnessd.tools_terminal import open_terminals, screen_text
 from protocol.rpc.resources import Limits
 from tests.conftest import one_loop
 
@@ -21,7 +22,7 @@ def _call(name: str, **arguments: object) -> ToolCall:
 
 
 async def test_a_model_drives_a_python_repl(client: ExecdClient) -> None:
-    box = Toolbox(lambda: client)
+    box = Toolbox(lambda: client, toolset=TOOLS)
     started = await box.call(_call("terminal_start", command="python3 -i -q", wait=5))
     assert started.ok, started.text
     name = started.text.split()[1]
@@ -44,19 +45,19 @@ async def test_a_model_drives_a_python_repl(client: ExecdClient) -> None:
 
 
 async def test_stop_hangs_up_and_close_cleans_up(client: ExecdClient) -> None:
-    box = Toolbox(lambda: client)
+    box = Toolbox(lambda: client, toolset=TOOLS)
     first = await box.call(_call("terminal_start", command="sleep 300", wait=0))
     name = first.text.split()[1]
     stopped = await box.call(_call("terminal_stop", terminal=name))
     assert stopped.text == f"terminal {name} stopped: killed by signal 1"
     await box.call(_call("terminal_start", command="sleep 300", wait=0))
-    assert len(box.terminals) == 1
+    assert len(open_terminals(box)) == 1
     await box.close()
-    assert box.terminals == {}
+    assert open_terminals(box) == {}
 
 
 async def test_the_shell_tool_says_which_limit_stopped_the_command(client: ExecdClient) -> None:
-    box = Toolbox(lambda: client, ToolConfig(limits=Limits(cpu=1)))
+    box = Toolbox(lambda: client, ToolConfig(limits=Limits(cpu=1)), toolset=TOOLS)
     result = await box.call(_call("shell", command="while :; do :; done"))
     assert "stopped by its cpu limit" in result.text
 
@@ -64,7 +65,7 @@ async def test_the_shell_tool_says_which_limit_stopped_the_command(client: Execd
 async def test_the_session_tool_says_which_limit_stopped_the_command(
     client: ExecdClient, tmp_path: object
 ) -> None:
-    box = Toolbox(lambda: client, ToolConfig(limits=Limits(file_size=1 << 20)))
+    box = Toolbox(lambda: client, ToolConfig(limits=Limits(file_size=1 << 20)), toolset=TOOLS)
     big = f"{tmp_path}/big"
     result = await box.call(
         _call("session_run", session="s", command=f"dd if=/dev/zero of={big} bs=1M count=4")

@@ -22,7 +22,6 @@ from execd.ledger import LedgerCapability, LedgerStore
 from execd.ledger_store import MAGIC
 from protocol.ledger_chain import GENESIS_HASH, chain_hashes, entry_hash
 from protocol.rpc.ledger import (
-    APPEND,
     AppendLargeParams,
     AppendParams,
     HeadParams,
@@ -73,7 +72,13 @@ class Client:
         session: str = SESSION,
         hashes: list[bytes] | None = None,
     ) -> LedgerHead:
-        params = APPEND.params_from(locals())
+        params = AppendParams(
+            session=session,
+            first_seq=first_seq,
+            prev_hash=prev_hash,
+            entries=entries,
+            hashes=hashes,
+        )
         return await self.cap.ledger_append(params, LocalContext())
 
     async def head(self, session: str = SESSION) -> LedgerHead:

@@ -5,15 +5,20 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import types
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Annotated, NamedTuple
 
 import msgspec
 import pytest
 
 import harnessd
 import protocol
-from protocol.rpc import Rpc, Schema, all_rpcs, files
-from protocol.rpc.resources import parse_bytes
+from protocol.rpc import Schema, all_rpcs, files, watch
+from protocol.rpc import types as rpc_types
 
 SPEC = Path(protocol.__file__).parent / "PROTOCOL.md"
 WIRE_NAMES = {type(None): "nil", bytes: "bin"}
@@ -71,78 +76,175 @@ def test_every_schema_has_the_one_configuration() -> None:
             assert config.omit_defaults and not config.forbid_unknown_fields
 
 
-def test_params_from_takes_the_fields_among_the_arguments() -> None:
-    def stat(path: str, *, follow_symlinks: bool = False, unrelated: int = 3) -> files.StatParams:
-        return files.STAT.params_from(locals())
-
-    assert stat("/w/a") == files.StatParams(path="/w/a", follow_symlinks=False)
-    write = files.WRITE.params_from({"path": "/w/b", "data": b"x", "size": 9}, atomic=False)
-    # Fields not among the arguments keep their defaults; given ones set or override.
-    assert write == files.WriteParams(path="/w/b", data=b"x", atomic=False)
+#: Fields that name a path in the workspace, whatever the method.
+PATH_FIELDS = frozenset({"path", "src", "dst", "cwd", "log"})
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("1048576", 1 << 20),
-        ("512K", 512 << 10),
-        ("256M", 256 << 20),
-        ("2GiB", 2 << 30),
-        ("1g", 1 << 30),
-        ("64MB", 64 << 20),
-        ("0", 0),
-    ],
-)
-def test_limit_options_take_byte_counts_with_binary_suffixes(text: str, value: int) -> None:
-    assert parse_bytes(text) == value
+def test_every_path_field_has_the_one_path_bound() -> None:
+    checked = 0
+    for rpc in all_rpcs():
+        if not isinstance(rpc.params, type) or not issubclass(rpc.params, Schema):
+            continue
+        hints = typing.get_type_hints(rpc.params, include_extras=True)
+        for name in PATH_FIELDS & set(hints):
+            hint = hints[name]
+            if typing.get_origin(hint) in (typing.Union, types.UnionType):
+                (hint,) = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+            assert hint == rpc_types.PathStr, (rpc.name, name, hints[name])
+            checked += 1
+    assert checked >= 15
 
 
-@pytest.mark.parametrize("text", ["", "M", "1.5G", "-1", "12X", "1KK", "0x10"])
-def test_limit_options_refuse_what_is_not_a_byte_count(text: str) -> None:
-    with pytest.raises(ValueError, match="not a byte count"):
-        parse_bytes(text)
+@pytest.mark.parametrize("path", ["", "x" * (rpc_types.MAX_PATH + 1)])
+def test_a_path_out_of_bounds_does_not_decode(path: str) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"path": path}, files.StatParams)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"path": path}, watch.SubscribeParams)
 
 
-def _params_from_users() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, ast.Call]]:
-    """Every client function that builds its params with ``params_from(locals(), ...)``."""
-    found = []
+def _plain(kind: object) -> object:
+    """``kind`` without ``Annotated`` bounds, unions as sets: the type a caller may pass."""
+    origin = typing.get_origin(kind)
+    arguments = typing.get_args(kind)
+    if origin is typing.Annotated:
+        return _plain(arguments[0])
+    if origin in (typing.Union, types.UnionType):
+        return frozenset(_plain(argument) for argument in arguments)
+    if origin is not None and arguments:
+        return (origin, tuple(_plain(argument) for argument in arguments))
+    return kind
+
+
+def _required(kind: object) -> object:
+    """A plain optional type without its None: a method may insist on a value the wire lets be nil."""
+    if not isinstance(kind, frozenset) or type(None) not in kind:
+        return kind
+    rest = kind - {type(None)}
+    return next(iter(rest)) if len(rest) == 1 else rest
+
+
+def _resolve(node: ast.expr, namespace: object) -> object:
+    """What a name or dotted name in a module's source refers to (None if it names nothing there)."""
+    if isinstance(node, ast.Name):
+        return getattr(namespace, node.id, None)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, namespace)
+        return None if owner is None else getattr(owner, node.attr, None)
+    return None
+
+
+def _annotation(function: Callable[..., object], name: str) -> object:
+    """The type annotated on ``function``'s argument ``name``, evaluated where it was written.
+
+    One at a time: ``typing.get_type_hints`` would need every annotation of the
+    function to resolve at run time, including names imported for type checking only.
+    """
+    text = function.__annotations__[name]
+    # The annotation's own source text, from our own module, in that module's namespace.
+    return eval(text, function.__globals__)  # noqa: S307
+
+
+class Site(NamedTuple):
+    """A client function that builds params: where, the function, its source and the builds."""
+
+    where: str
+    function: Callable[..., object]
+    source: ast.FunctionDef | ast.AsyncFunctionDef
+    builds: list[tuple[type[Schema], ast.Call]]
+
+
+def _client_functions(
+    module: ModuleType, tree: ast.Module
+) -> Iterator[tuple[str, Callable[..., object], ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The module-level functions and the methods of module-level classes, with their source."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, getattr(module, node.name), node
+        elif isinstance(node, ast.ClassDef):
+            owner = getattr(module, node.name)
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{item.name}", owner.__dict__[item.name], item
+
+
+def params_sites() -> list[Site]:
+    """Every function of harnessd that builds the params of an RPC (a Schema Struct)."""
+    sites = []
     for path in sorted(Path(harnessd.__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for call in ast.walk(node):
-                if (
-                    isinstance(call, ast.Call)
-                    and isinstance(call.func, ast.Attribute)
-                    and call.func.attr == "params_from"
-                ):
-                    found.append((f"harnessd/{path.name}:{node.name}", node, call))
-    return found
+        module = importlib.import_module(f"harnessd.{path.stem}")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for name, function, source in _client_functions(module, tree):
+            builds = []
+            for call in ast.walk(source):
+                if not isinstance(call, ast.Call):
+                    continue
+                kind = _resolve(call.func, module)
+                if isinstance(kind, type) and issubclass(kind, Schema):
+                    builds.append((kind, call))
+            if builds:
+                sites.append(Site(f"harnessd/{path.name}:{name}", function, source, builds))
+    return sites
 
 
-def test_every_argument_of_a_params_from_method_is_a_field_or_used() -> None:
-    # params_from takes the fields by name from locals(): a keyword that names no field
-    # and is not used otherwise would be dropped without a word.
-    users = _params_from_users()
-    assert len(users) >= 10
-    for where, function, call in users:
-        # The Rpc as the client module names it, e.g. "shell.RUN" or "watch_rpc.SUBSCRIBE".
-        rpc: object = importlib.import_module(f"harnessd.{where.split('/')[1].split('.')[0]}")
-        assert isinstance(call.func, ast.Attribute), where
-        for part in ast.unparse(call.func.value).split("."):
-            rpc = getattr(rpc, part)
-        assert isinstance(rpc, Rpc), where
-        fields = set(rpc.params.__struct_fields__)
-        given = {keyword.arg for keyword in call.keywords}
+def test_an_argument_passed_to_a_params_field_has_the_fields_type() -> None:
+    # A client method's keyword is its wire field's public face: the same type, bounds aside
+    # (or without None, when the method always sends a value). mypy checks that each argument
+    # fits its field; this holds the method to offering all that the field takes.
+    compared = 0
+    for site in params_sites():
+        arguments = {name for name in site.function.__annotations__ if name != "return"}
+        for kind, call in site.builds:
+            fields = typing.get_type_hints(kind, include_extras=True)
+            for keyword in call.keywords:
+                value = keyword.value
+                if not (isinstance(value, ast.Name) and value.id in arguments):
+                    continue  # a computed value: mypy checks it against the field
+                assert keyword.arg is not None, site.where
+                client, field = _annotation(site.function, value.id), fields[keyword.arg]
+                allowed = (_plain(field), _required(_plain(field)))
+                assert _plain(client) in allowed, (site.where, value.id, client, field)
+                compared += 1
+    assert compared >= 60
+
+
+def test_no_keyword_of_a_client_method_is_dropped() -> None:
+    # A client method: one that passes its own arguments to params fields. Each of its
+    # arguments goes somewhere; a keyword left out of the params would be ignored silently.
+    checked = 0
+    for site in params_sites():
+        arguments = site.source.args
+        names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+        passed = {
+            keyword.value.id
+            for _, call in site.builds
+            for keyword in call.keywords
+            if isinstance(keyword.value, ast.Name)
+        }
+        if not passed & set(names):
+            continue
         used = {
             node.id
-            for node in ast.walk(function)
+            for node in ast.walk(site.source)
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
         }
-        arguments = function.args
-        names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
-        for name in names:
-            if name == "self":
-                continue
-            assert name in fields or name in used, (where, name, sorted(fields))
-            assert name not in given or name in used, (where, name)
+        unused = [name for name in names if name != "self" and name not in used]
+        assert not unused, (site.where, unused)
+        checked += 1
+    assert checked >= 40
+
+
+def test_the_field_comparison_sees_through_bounds_but_not_past_types() -> None:
+    class Probe(Schema):
+        path: Annotated[str, msgspec.Meta(max_length=8)]
+        names: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta()] | None
+
+    fields = typing.get_type_hints(Probe, include_extras=True)
+    assert _plain(fields["path"]) == _plain(str)
+    assert _plain(fields["names"]) == _plain(list[str] | None)
+    assert _plain(fields["names"]) == _plain(typing.Optional[list[str]])  # noqa: UP045
+    assert _plain(fields["names"]) != _plain(list[str])
+    assert _plain(fields["names"]) != _plain(list[bytes] | None)
+    assert _plain(fields["path"]) != _plain(typing.Literal["a"])
+    assert _required(_plain(fields["names"])) == _plain(list[str])
+    assert _required(_plain(fields["path"])) == _plain(str)

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessd.models import ToolSpec
-from harnessd.tools import TOOL_SPECS, TOOLS, parameters_schema
+from harnessd.toolbox import parameters_schema
+from harnessd.tools import TOOL_SPECS, TOOLS
 
 SPECS = {spec.name: spec for spec in TOOL_SPECS}
 LONGEST = 40
