@@ -228,7 +228,7 @@ class ToolConfig:
     probe_timeout: float = 30.0
     cancel_grace: float = 5.0
     limits: Limits | None = None
-    """Resource limits of every command the shell and terminal tools start."""
+    """Resource limits of every command the shell, session, service and terminal tools start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +287,14 @@ class Toolbox:
             found = self._states[kind] = kind()
         return cast(S, found)
 
-    async def call(self, call: ToolCall) -> ToolResult:
-        """Run one tool call; never raises except CancelledError."""
+    async def call(
+        self, call: ToolCall, *, output: Callable[[str, bytes], None] | None = None
+    ) -> ToolResult:
+        """Run one tool call; never raises except CancelledError.
+
+        ``output``: where this call's command output goes as it arrives (by
+        default ``on_output``'s; with neither, the shell tool collects it).
+        """
         started = time.perf_counter()
         entry = self.toolset.get(call.name)
         ok, error = True, None
@@ -302,8 +308,7 @@ class Toolbox:
                 text = f"error: invalid arguments for {call.name}: {exc}"
                 ok, error = False, "InvalidArguments"
             else:
-                output = None
-                if self.on_output is not None:
+                if output is None and self.on_output is not None:
                     output = functools.partial(self.on_output, call)
                 try:
                     text = await entry.handler(self, args, CallContext(call, output))

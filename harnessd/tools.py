@@ -294,7 +294,11 @@ async def _start_service(box: Toolbox, args: StartServiceArgs, context: CallCont
     name = box.scoped_name(args.name)
     probe = _probe(args.probe, box.config.probe_timeout) if args.probe else None
     info = await box.client().start_service(
-        name, command=args.command, cwd=box.cwd(args.cwd), probe=probe
+        name,
+        command=args.command,
+        cwd=box.cwd(args.cwd),
+        probe=probe,
+        limits=box.config.limits,
     )
     opened.services.add(name)
     return format_service(info)

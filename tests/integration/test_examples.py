@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from execd.marker import find_marked
+from tests.conftest import one_loop
 from tests.support.daemon import start_execd
 from tests.support.procs import run_python, wait_until_none_mention
 
@@ -59,6 +60,39 @@ def test_fuzz_properties(tmp_path: Path) -> None:
     assert "Ran 1 test" in done.stderr and done.stderr.rstrip().endswith("OK"), done.stderr
     # hypothesis keeps its example database where it runs; nothing else is left.
     assert {p.name for p in tmp_path.iterdir()} <= {".hypothesis"}
+
+
+@pytest.mark.anyio
+@one_loop
+async def test_mcp_server(tmp_path: Path) -> None:
+    mcp = pytest.importorskip("mcp", reason="needs the mcp extra (./check installs it)")
+    from mcp.client import Client
+
+    from tests.support.mcp_peer import server_env, text_of
+
+    root = tmp_path / "root"
+    root.mkdir()
+    params = mcp.StdioServerParameters(
+        command=sys.executable,
+        args=[str(EXAMPLES / "mcp_server.py"), str(root)],
+        env=server_env(tmp_path),
+        cwd=str(tmp_path),
+    )
+    with (tmp_path / "server.log").open("a") as errlog:
+        async with Client(mcp.stdio_client(params, errlog=errlog), mode="legacy") as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            assert {"shell", "read_file", "write_file"} <= names, names
+            wrote = await client.call_tool(
+                "shell", {"command": "echo hi > note; echo $EXECD_MARKER"}
+            )
+            marker = text_of(wrote).split()[-1] if not wrote.is_error else ""
+            assert marker, text_of(wrote)
+            read = await client.call_tool("read_file", {"path": "note"})
+            assert "hi" in text_of(read), text_of(read)
+            outside = await client.call_tool("read_file", {"path": "/etc/passwd"})
+            assert outside.is_error, "confined to its root"
+    assert (root / "note").read_text() == "hi\n"
+    assert wait_until_none_mention(marker, timeout=20) == []
 
 
 def test_workspace_through_a_local_prefix(tmp_path: Path) -> None:

@@ -6,13 +6,14 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.procs import terminate
 
 
 @dataclass
@@ -129,13 +130,7 @@ def start_execd(
             stderr_path=stderr_path,
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         if proc.stdout is not None:
             proc.stdout.close()
         kill_marked(marker)

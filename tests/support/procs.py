@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +148,14 @@ def wait_until_none_mention(tag: str, timeout: float) -> list[str]:
     while (left := processes_mentioning(tag)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM ``proc`` if it still runs and reap it; SIGKILL it after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

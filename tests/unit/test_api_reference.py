@@ -27,6 +27,7 @@ LEFT_OUT = {
     "harnessd.cli_bench": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_common": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_exec": "the command line, rendered from its parser in cli.rst",
+    "harnessd.cli_mcp": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_tty": "the command line, rendered from its parser in cli.rst",
     "harnessd.demo": "the demo command (docs/cli.md)",
     "protocol.fuzz.__main__": "the command line, rendered from its parser in cli.rst",
@@ -36,7 +37,7 @@ LEFT_OUT = {
 
 
 # What the optional integrations import.
-OPTIONAL = {"ray", "verifiers"}
+OPTIONAL = {"ray", "verifiers", "mcp", "mcp_types", "uvicorn", "starlette", "anyio"}
 
 
 def documented_modules() -> set[str]:

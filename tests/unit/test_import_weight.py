@@ -61,6 +61,17 @@ def test_the_fuzzing_extras_are_not_imported(statement: str) -> None:
     assert not roots & set(FUZZING), sorted(roots & set(FUZZING))
 
 
+MCP_STACK = ("mcp", "mcp_types", "pydantic", "starlette", "uvicorn", "httpx2", "anyio")
+"""What the MCP server (the ``mcp`` extra) brings; only ``harnessd mcp`` may load it."""
+
+
+@pytest.mark.parametrize("statement", ["import harnessd", "import harnessd.__main__"])
+def test_the_mcp_sdk_is_not_imported(statement: str) -> None:
+    loaded = _modules_after(f"{statement}\nimport sys\nprint(' '.join(sorted(sys.modules)))")
+    early = sorted(name for name in loaded if name.split(".")[0] in MCP_STACK)
+    assert early == [], early
+
+
 def test_the_first_request_imports_it() -> None:
     code = (
         "import asyncio, sys\n"
