@@ -23,9 +23,11 @@ recognised.
    that can place a file without running anything in the workspace
    (a :class:`FilePlacer`, such as :class:`harnessd.docker.DockerWorkspace`)
    can upload it.
-2. *Check a file that is there.* It is run (``tool probe``, see
-   :mod:`execd.toolbox`) and must report the expected SHA-256: then the
-   install is cached and costs nothing more. Anything else is replaced.
+2. *Check a file that is there.* Its SHA-256 must be the worker's: then the
+   install is cached and costs nothing more. The probe hashes it with
+   ``sha256sum`` where there is one; elsewhere the file is run (``tool
+   probe``, see :mod:`execd.toolbox`) and reports its own. Anything else is
+   replaced.
 3. *Upload.* Over the prefix's stdin into a new temporary name beside the
    final one (0600 until it is whole, then 0700), verified as in step 2, and
    renamed over the final name (``mv``: atomic within a directory, so two
@@ -77,7 +79,8 @@ _NOT_RUNNABLE = (126, 127)
 _ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64", 0x03: "i686", 0xF3: "riscv64"}
 
 # Runs as: sh -c PROBE sh DIRECTORY NAME.  Prints arch=, then dir= and, when
-# the file is there, cached=1; exits 3 when no directory will do. Only the
+# the file is there, cached=1 and (with sha256sum) its sha256=; exits 3 when
+# no directory will do. Only the
 # directory itself is created (mode 0700), never a missing parent.
 _PROBE = """\
 arch=$(uname -m 2>/dev/null) || arch=
@@ -95,7 +98,12 @@ for dir in "$@"; do
     [ -d "$dir" ] || (umask 077 && mkdir -- "$dir") 2>/dev/null || continue
     if [ -d "$dir" ] && [ ! -L "$dir" ] && [ -O "$dir" ] && [ -w "$dir" ]; then
         printf 'dir=%s\\n' "$dir"
-        if [ -f "$dir/$name" ]; then echo cached=1; fi
+        if [ -f "$dir/$name" ]; then
+            echo cached=1
+            if command -v sha256sum >/dev/null 2>&1; then
+                sum=$(sha256sum <"$dir/$name") && printf 'sha256=%s\\n' "${sum%% *}"
+            fi
+        fi
         exit 0
     fi
 done
@@ -208,6 +216,7 @@ class _Probe:
     directory: str
     present: bool
     bare: bool
+    sha256: str | None = None
 
 
 def _parse_probe(result: CommandResult) -> _Probe:
@@ -226,6 +235,7 @@ def _parse_probe(result: CommandResult) -> _Probe:
         facts["dir"],
         present=facts.get("cached") == "1",
         bare=False,
+        sha256=facts.get("sha256"),
     )
 
 
@@ -313,7 +323,8 @@ async def install_worker(
     tools.quote_for_remote_shell = runtime.quote_for_remote_shell
     chosen = tools if found.bare else runtime
     if found.present:
-        facts = await _identify(runtime, path)
+        # The shell's sha256sum is the cheap check; else the file says what it is.
+        facts = {"sha256": found.sha256} if found.sha256 else await _identify(runtime, path)
         if facts is not None and facts.get("sha256") == worker.sha256:
             return InstalledWorker(path, chosen, False, found.bare, own_directory=directory is None)
     if found.bare and placer is None:
