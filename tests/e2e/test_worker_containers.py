@@ -192,6 +192,10 @@ async def _shell_files_services(session: Session) -> None:
     assert _text(shell.stdout) == "42 Linux"
     fed = await client.run(["cat"], stdin=b"fed\n", cwd="/tmp", env={"X": "1"})
     assert shell.exit_code == 0 and fed.stdout == b"fed\n"
+    # Nothing of the worker's packaging reaches the commands' environment.
+    inherited = _text((await client.run(["env"])).stdout)
+    for trace in ("LD_LIBRARY_PATH", "_PYI_", "STATICX", "_MEI"):
+        assert trace not in inherited
     failed = await client.run(command="exit 3")
     assert failed.exit_code == 3
     limited = await client.run(command="ulimit -n", limits={"open_files": 64})

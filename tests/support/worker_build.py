@@ -14,12 +14,15 @@ skip with the reason.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +65,14 @@ def cache_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _exclusive(name: str) -> Iterator[None]:
+    """Hold a lock on ``name`` in the cache: test processes running at once build a thing once."""
+    with open(cache_dir() / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def _run(argv: list[str], what: str, timeout: float) -> str:
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -75,16 +86,17 @@ def _run(argv: list[str], what: str, timeout: float) -> str:
 def worker() -> Path:
     """The self-contained worker built from this tree (built now unless cached)."""
     require_enabled()
-    out = _run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "build_worker.py"),
-            "--cache-dir",
-            str(cache_dir() / "worker"),
-        ],
-        "building the worker",
-        timeout=1200,
-    )
+    with _exclusive("worker"):
+        out = _run(
+            [
+                sys.executable,
+                str(ROOT / "tools" / "build_worker.py"),
+                "--cache-dir",
+                str(cache_dir() / "worker"),
+            ],
+            "building the worker",
+            timeout=1200,
+        )
     return Path(out.split("\t")[0])
 
 
@@ -134,8 +146,13 @@ def debian_rootfs() -> Path:
     """A tarball of Debian :data:`DEBIAN_SUITE` (minbase and python3, so its only Python is 3.9)."""
     require_enabled()
     path = cache_dir() / f"debian-{DEBIAN_SUITE}-minbase-python3.tar"
-    if path.exists():
-        return path
+    with _exclusive(path.name):
+        if not path.exists():
+            _debootstrap(path)
+    return path
+
+
+def _debootstrap(path: Path) -> None:
     if os.geteuid() != 0:
         raise Unavailable("debootstrap needs root")
     debootstrap = shutil.which("debootstrap")
@@ -165,4 +182,3 @@ def debian_rootfs() -> Path:
     finally:
         shutil.rmtree(tree, ignore_errors=True)
         staged.unlink(missing_ok=True)
-    return path
