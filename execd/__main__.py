@@ -1,4 +1,5 @@
-"""execd's command line: ``execd [options]`` serves; ``execd cleanup ...`` cleans up by marker.
+"""execd's command line: ``execd [options]`` serves; ``execd cleanup ...`` cleans up by marker;
+``execd tool ...`` runs a workspace utility (:mod:`execd.toolbox`).
 
 The token comes from ``--token-file`` (read, then removed unless
 ``--keep-token-file``) or from ``EXECD_TOKEN``; never from argv. It is removed
@@ -28,7 +29,7 @@ from typing import Final, NoReturn
 
 import msgspec
 
-from execd import marker
+from execd import frozen, marker
 from execd.app import Execd, StartupError, announce
 from execd.budget import fit_process_limits
 from execd.config import Config, Limits, default_state_dir
@@ -127,8 +128,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="execd",
         description=(
             "Workspace worker: serves shell, files, services, watches and the session ledger "
-            "over an authenticated RPC protocol. Subcommand: 'execd cleanup --marker ID' kills "
-            "every process of this user carrying the marker."
+            "over an authenticated RPC protocol. Subcommands: 'execd cleanup --marker ID' kills "
+            "every process of this user carrying the marker; 'execd tool --help' lists the "
+            "workspace utilities built in for workspaces without a shell."
         ),
         formatter_class=_checking_formatter,
     )
@@ -278,9 +280,14 @@ def _run(config: Config, token: bytes) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``execd`` console script."""
+    frozen.restore_environment()
     args_list = sys.argv[1:] if argv is None else argv
     if args_list and args_list[0] == "cleanup":
         return marker.cleanup_main(args_list[1:])
+    if args_list and args_list[0] == "tool":
+        from execd import toolbox
+
+        return toolbox.main(args_list[1:])
     try:
         args = _parser().parse_args(args_list)
         logging.basicConfig(

@@ -7,7 +7,9 @@ it runs unlimited. A command with limits therefore starts through
 writes its own pid into the command's cgroups, sets each rlimit (soft, then
 hard), then ``exec``s the command in the same process, so the command's
 first instruction already runs limited and everything it starts inherits
-the limits. A command without limits is spawned exactly as before (the only
+the limits. Where there is no shell (a bare image running the
+self-contained worker), the child does the same itself between fork and
+exec (:meth:`Plan.apply_in_child`). A command without limits is spawned exactly as before (the only
 added work is a ``None`` check); ``python -m bench.spawn`` measures both.
 
 :class:`ResourceControl` holds a capability's defaults (execd's command-line
@@ -70,6 +72,7 @@ _RLIMITS = {
     "file_size": ("f", resource.RLIMIT_FSIZE, 512),
     "open_files": ("n", resource.RLIMIT_NOFILE, 1),
 }
+_BY_FLAG = {flag: (which, unit) for flag, which, unit in _RLIMITS.values()}
 
 
 @dataclass(eq=False, repr=False)
@@ -105,6 +108,24 @@ class Plan:
             steps.append(f"ulimit -S -{flag} {soft}")
             steps.append(f"ulimit -H -{flag} {hard}")
         return [SHELL, "-c", " && ".join(steps) + ' || exit 126\nexec "$0" "$@"', *argv]
+
+    def apply_in_child(self) -> None:
+        """What the prelude does, done by the child itself between fork and exec.
+
+        For a workspace without :data:`SHELL`: the spawner runs this in the
+        child (``preexec_fn``), which then execs the command. Raises OSError
+        when the cgroup or a limit is refused (the spawn then fails).
+        """
+        own = str(os.getpid()).encode()
+        for path in self.cgroup.procs_files if self.cgroup else ():
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, own)
+            finally:
+                os.close(fd)
+        for flag, soft, hard in self.rlimits:
+            which, unit = _BY_FLAG[flag]
+            resource.setrlimit(which, (soft * unit, hard * unit))
 
     def verdict(self, status: int) -> LimitName | None:
         """The limit that ended the command with wait status ``status``, where it can be told."""

@@ -62,11 +62,12 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from execd import pipes, procfs, reaper, spawn_at
+from execd.commands import SHELL
 from execd.errors import InvalidParams, SpawnFailed
 
 if TYPE_CHECKING:
@@ -349,6 +350,45 @@ def _make_interrupts_inheritable_as_default() -> None:
                 signal.signal(signum, _ignore_in_parent)
 
 
+def shell_available() -> bool:
+    """Whether :data:`execd.commands.SHELL` can run here (a bare image may have none)."""
+    return os.access(SHELL, os.X_OK)
+
+
+def popen_with_prelude(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    prelude: Callable[[], None],
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session after ``prelude`` ran in the child (between fork and exec).
+
+    What a shell prelude does where there is no shell. The child only makes
+    system calls (no lock another thread of execd may hold is needed), and
+    C library and interpreter state are made safe across ``fork`` by both.
+    Raises OSError as a spawn would, and :class:`SpawnFailed` when ``prelude``
+    failed.
+    """
+    _make_interrupts_inheritable_as_default()
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=prelude,
+        )
+    except subprocess.SubprocessError as exc:
+        raise SpawnFailed(f"cannot prepare the process: {exc}") from None
+
+
 def _start(
     argv: list[str],
     env: Mapping[str, str],
@@ -356,8 +396,20 @@ def _start(
     stdin_fd: int,
     stdout_fd: int,
     stderr_fd: int,
+    prelude: Callable[[], None] | None = None,
 ) -> tuple[int, subprocess.Popen[bytes] | None]:
     """Start the process; ``(pid, popen or None)``. ``stdin_fd < 0``: /dev/null."""
+    if prelude is not None:
+        popen = popen_with_prelude(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdin_fd if stdin_fd >= 0 else subprocess.DEVNULL,
+            stdout=stdout_fd,
+            stderr=stderr_fd,
+            prelude=prelude,
+        )
+        return popen.pid, popen
     # With the chdir action, a cwd (even execd's own) costs no getcwd() here.
     at = cwd is not None and spawn_at.available()
     if cwd is not None and not at and cwd != os.getcwd():
@@ -428,7 +480,8 @@ def spawn(
 ) -> Child:
     """Start ``argv`` in a new session with piped stdout/stderr.
 
-    With ``limits`` the command starts behind their prelude (:mod:`execd.limits`).
+    With ``limits`` the command starts behind their prelude (:mod:`execd.limits`),
+    or, where there is no shell, through :func:`popen_with_prelude`.
 
     ``argv[0]`` is searched in the ``PATH`` of ``env``. stdin is a pipe when
     ``stdin_pipe`` is true, otherwise ``/dev/null``. Must be called from a
@@ -444,9 +497,13 @@ def spawn(
     argv = list(argv)
     if "\0" in argv[0]:
         raise InvalidParams("the program name contains a NUL")
+    prelude: Callable[[], None] | None = None
     if limits is not None:
         check_program(argv[0], env, cwd)
-        argv = limits.wrap(argv)
+        if shell_available():
+            argv = limits.wrap(argv)
+        else:
+            prelude = limits.apply_in_child
     fds: list[int] = []
     try:
         out_r, out_w = _pipe()
@@ -462,7 +519,7 @@ def spawn(
         name = errno.errorcode.get(exc.errno or 0, "EIO")
         raise SpawnFailed(f"cannot create pipes: {exc.strerror}", {"errno": name}) from None
     try:
-        pid, popen = _start(argv, env, cwd, in_r, out_w, err_w)
+        pid, popen = _start(argv, env, cwd, in_r, out_w, err_w, prelude)
     except BaseException as exc:
         for fd in fds:
             if fd >= 0:
@@ -546,7 +603,7 @@ spawn_error = _spawn_error
 make_inherited_fds_close_on_exec = _sweep_inherited_fds
 
 
-def watch(pid: int, started: float) -> Child:
+def watch(pid: int, started: float, popen: subprocess.Popen[bytes] | None = None) -> Child:
     """A :class:`Child` for a process spawned elsewhere (no pipes), already tracked."""
-    pidfd = _open_pidfd(pid, None, ())
-    return Child(asyncio.get_running_loop(), started, pid, None, pidfd, None, -1, -1)
+    pidfd = _open_pidfd(pid, popen, ())
+    return Child(asyncio.get_running_loop(), started, pid, popen, pidfd, None, -1, -1)

@@ -9,7 +9,9 @@ Starting
     ``TIOCSCTTY`` does explicitly) — and duplicate it to stdout and stderr.
     A working directory other than execd's is entered by a ``/bin/sh``
     prelude that then execs the program; limits add their own prelude
-    (:mod:`execd.limits`). The child carries the marker through its
+    (:mod:`execd.limits`). Where there is no shell, the child does both
+    itself between fork and exec, and takes the terminal with
+    ``TIOCSCTTY``. The child carries the marker through its
     environment like every command.
 
 Output
@@ -38,6 +40,7 @@ import os
 import secrets
 import signal
 import struct
+import subprocess
 import termios
 import time
 from dataclasses import dataclass, field
@@ -95,6 +98,34 @@ def _start(argv: list[str], env: dict[str, str], tty: str) -> int:
         )
     except OSError as exc:
         raise spawning.spawn_error(exc, argv[0], None) from None
+
+
+def _take_terminal() -> None:
+    """In the child: make stdin, the terminal, the controlling terminal of the new session."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _start_without_shell(
+    argv: list[str], env: dict[str, str], cwd: str | None, slave: int, plan: Plan | None
+) -> subprocess.Popen[bytes]:
+    """Spawn as :func:`_start` does where no shell can run the working-directory or limits prelude.
+
+    The child enters ``cwd``, takes the terminal and applies ``plan`` itself
+    between fork and exec (:func:`execd.spawn.popen_with_prelude`).
+    """
+
+    def prelude() -> None:
+        _take_terminal()
+        if plan is not None:
+            plan.apply_in_child()
+
+    spawning.make_inherited_fds_close_on_exec()
+    try:
+        return spawning.popen_with_prelude(
+            argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, prelude=prelude
+        )
+    except OSError as exc:
+        raise spawning.spawn_error(exc, argv[0], cwd) from None
 
 
 def session_members(leader: int, since: int) -> list[int]:
@@ -234,12 +265,20 @@ class TerminalCapability(CommandCapability):
             spawned = argv
             if plan is not None:
                 spawning.check_program(argv[0], env, params.cwd)
-                spawned = plan.wrap(spawned)
-            if params.cwd is not None and params.cwd != os.getcwd():
-                spawned = [SHELL, "-c", _CD_PRELUDE, params.cwd, *spawned]
+            cwd = params.cwd
+            elsewhere = cwd is not None and cwd != os.getcwd()
+            popen: subprocess.Popen[bytes] | None = None
             started = time.monotonic()
             ticks = procfs.boot_ticks()
-            pid = _start(spawned, env, tty)
+            if (plan is not None or elsewhere) and not spawning.shell_available():
+                popen = _start_without_shell(argv, env, cwd, slave, plan)
+                pid = popen.pid
+            else:
+                if plan is not None:
+                    spawned = plan.wrap(spawned)
+                if cwd is not None and elsewhere:
+                    spawned = [SHELL, "-c", _CD_PRELUDE, cwd, *spawned]
+                pid = _start(spawned, env, tty)
         except BaseException:
             os.close(master)
             if plan is not None:
@@ -248,7 +287,7 @@ class TerminalCapability(CommandCapability):
         finally:
             os.close(slave)
         reaper.track(pid)
-        child = spawning.watch(pid, started)
+        child = spawning.watch(pid, started, popen)
         if plan is not None:
             plan.attach(child)
         os.set_blocking(master, False)

@@ -15,6 +15,8 @@ Theory of operation
    adds its own ``exited`` line with the exit status once execd is gone, so a
    worker that dies without a word -- a crash before Python starts, a bad
    command, SIGKILL -- is noticed too. No PID is needed or trusted for this.
+   (A runtime whose ``start_background`` supervises by itself -- a workspace
+   without a shell -- gets execd's argv without the ``/bin/sh`` around it.)
 3. *Wait.* The log is polled through the runtime (20 ms, backing off to
    250 ms). An ``exited`` line is looked for *before* the ``listening`` line,
    and after ``listening`` is seen the log is read once more after a short
@@ -505,6 +507,8 @@ class _Plan:
         ]
         if self.lease is not None:
             args += ["--lease", repr(float(self.lease))]
+        if getattr(self.runtime, "supervises", False):
+            return [*args, *self.extra_args]
         return [_SH, "-c", _SUPERVISOR, "execd-supervisor", *args, *self.extra_args]
 
     async def launch(self) -> Session:

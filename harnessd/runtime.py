@@ -13,7 +13,12 @@ through an object implementing :class:`Runtime`. Two implementations ship:
   and ``mkdir`` (``setsid`` is used when present).
 
 An embedding framework can pass its own object instead; it only has to
-provide the four coroutines of :class:`Runtime`. Secrets travel as file
+provide the four coroutines of :class:`Runtime`. A runtime whose
+``start_background`` itself appends execd's ``exited`` line when the command
+ends says so with a true ``supervises`` attribute; the launcher then starts
+execd without its ``/bin/sh`` supervisor
+(:class:`harnessd.worker_runtime.WorkerToolRuntime`, for workspaces without a
+shell). Secrets travel as file
 content (``write_file`` data, on stdin for wrapped commands), never in argv or
 in the environment.
 
@@ -442,7 +447,7 @@ class CommandPrefixRuntime(_ProcessRuntime):
         if result.exit_code != 0:
             raise WorkspaceError(
                 f"cannot start {_describe(argv)} in the background "
-                f"(status {result.exit_code}): {_stderr_text(result)}"
+                f"(status {result.exit_code}): {stderr_text(result)}"
             )
 
     async def read_file(self, path: str, *, max_bytes: int = DEFAULT_MAX_READ) -> bytes:
@@ -451,7 +456,7 @@ class CommandPrefixRuntime(_ProcessRuntime):
             self.wrap(["cat", "--", path]), max_output=max_bytes, timeout=None, env=self.env
         )
         if result.exit_code != 0:
-            raise WorkspaceError(f"cannot read {path}: {_stderr_text(result)}")
+            raise WorkspaceError(f"cannot read {path}: {stderr_text(result)}")
         if result.truncated:
             raise WorkspaceError(f"{path} is larger than {max_bytes} bytes")
         return result.stdout
@@ -464,10 +469,11 @@ class CommandPrefixRuntime(_ProcessRuntime):
         argv = [_SH, "-c", _WRITE_SCRIPT, "sh", path, format(mode & 0o7777, "o"), parent]
         result = await self.run(argv, stdin=data)
         if result.exit_code != 0:
-            raise WorkspaceError(f"cannot write {path}: {_stderr_text(result)}")
+            raise WorkspaceError(f"cannot write {path}: {stderr_text(result)}")
 
 
-def _stderr_text(result: CommandResult, limit: int = 2000) -> str:
+def stderr_text(result: CommandResult, limit: int = 2000) -> str:
+    """The tail of a command's stderr for an error message (its status when it printed nothing)."""
     text = result.stderr.decode("utf-8", "replace").strip()
     if len(text) > limit:
         text = "..." + text[-limit:]
