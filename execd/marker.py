@@ -543,7 +543,8 @@ def set_child_subreaper() -> bool:
 def _cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="execd cleanup",
-        description="Kill every process of this user that carries the session marker.",
+        description="Kill every process of this user that carries the session marker, then "
+        "remove the cgroups of execds that died without removing them.",
     )
     parser.add_argument("--marker", required=True, help="the session marker value")
     parser.add_argument(
@@ -568,9 +569,11 @@ def _cli_parser() -> argparse.ArgumentParser:
 def cleanup_main(argv: list[str] | None = None) -> int:
     """``execd cleanup --marker ID [--marker-var NAME] [--timeout S] [--uid UID]``.
 
-    Prints one JSON line ``{"event": "cleanup", "killed": N, "remaining": [...],
-    "rounds": N}``. Returns 0 when no marked process remains, 1 when some do
-    (or the scan failed), 2 on bad arguments.
+    Kills the marked processes, then removes the cgroups of every execd that
+    died without removing them (:func:`execd.cgroups.sweep_stale`). Prints
+    one JSON line ``{"event": "cleanup", "killed": N, "remaining": [...],
+    "rounds": N, "stale_cgroups_removed": N}``. Returns 0 when no marked
+    process remains, 1 when some do (or the scan failed), 2 on bad arguments.
     """
     parser = _cli_parser()
     try:
@@ -595,11 +598,17 @@ def cleanup_main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"execd cleanup: error: {exc}", file=sys.stderr)
         return 1
+    # The cgroups of an execd that died (SIGKILL) without removing them: empty now
+    # that its marked processes are gone.
+    from execd.cgroups import sweep_stale
+
+    removed, _ = sweep_stale()
     line = {
         "event": "cleanup",
         "killed": report.killed,
         "remaining": report.remaining,
         "rounds": report.rounds,
+        "stale_cgroups_removed": len(removed),
     }
     print(json.dumps(line), flush=True)
     return 1 if report.remaining else 0
