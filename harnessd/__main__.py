@@ -1,11 +1,11 @@
-"""harnessd's command line: ``exec`` (and the launcher, agent, bench and fuzz commands)."""
+"""harnessd's command line: ``exec`` (and the launcher, agent, bench, gc and fuzz commands)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from harnessd import cli_agent, cli_bench, cli_exec
+from harnessd import cli_agent, cli_bench, cli_exec, cli_gc
 from harnessd.cli_common import Parser
 
 
@@ -18,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_exec.add_parser(sub)
     cli_agent.add_parsers(sub)
     cli_bench.add_parser(sub)
+    cli_gc.add_parser(sub)
     # The protocol kit's own command line (its runner and hypothesis load only when it runs).
     from protocol.fuzz.cli import add_parser as add_fuzz_parser
 
