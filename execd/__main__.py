@@ -39,14 +39,17 @@ from protocol.values import (
     TOKEN_VAR,
     TokenFileUnreadable,
     bind_port,
+    count,
     from_options,
     new_marker,
+    non_negative,
     option_name,
     positive_seconds,
     read_token,
     validate_marker,
     validate_marker_var,
 )
+from protocol.version import VersionAction
 
 _PR_SET_DUMPABLE = 4
 _DEFAULTS = Limits()
@@ -114,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=_checking_formatter,
     )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
         "--port", type=bind_port, default=0, help="port to bind (default 0: the kernel picks)"
@@ -143,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
             option,
             dest=field,
             metavar=option[2:].upper().replace("-", "_"),
-            type=type(default),
+            type=count if isinstance(default, int) else non_negative,
             default=default,
             help=text,
         )

@@ -81,7 +81,14 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 
 from execd.commands import check_variables
-from protocol.values import DEFAULT_MARKER_VAR, TOKEN_VAR, validate_marker, validate_marker_var
+from protocol.values import (
+    DEFAULT_MARKER_VAR,
+    TOKEN_VAR,
+    count,
+    non_negative,
+    validate_marker,
+    validate_marker_var,
+)
 
 __all__ = [
     "ENVIRON_READ_CAP",
@@ -554,13 +561,13 @@ def _cli_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=non_negative,
         default=5.0,
         help="give up after this many seconds (default 5)",
     )
     parser.add_argument(
         "--uid",
-        type=int,
+        type=count,
         help="clean up the marked processes of this user (default: this process's; needs root)",
     )
     return parser

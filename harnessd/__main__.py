@@ -7,6 +7,7 @@ import sys
 
 from harnessd import cli_agent, cli_bench, cli_exec, cli_gc
 from harnessd.cli_common import Parser
+from protocol.version import VersionAction
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -14,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="harnessd",
         description="Harness side of split execution: talk to execd in a workspace.",
     )
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     cli_exec.add_parser(sub)
     cli_agent.add_parsers(sub)
