@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Workspace worker: serves shell, files, services, watches and the session ledger "
             "over an authenticated RPC protocol. Subcommand: 'execd cleanup --marker ID' kills "
-            "every process of this user carrying the marker."
+            "every process of this user carrying the marker, then removes the cgroups of execds "
+            "that died without removing them."
         ),
         formatter_class=_checking_formatter,
     )
@@ -124,7 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument(
-        "--keep-token-file", action="store_true", help="do not remove the token file after reading"
+        "--keep-token-file",
+        action="store_true",
+        help="do not remove the token file after reading it (so clients can read it too)",
     )
     parser.add_argument("--marker", help="marker value (default: random 128-bit hex)")
     parser.add_argument(

@@ -24,6 +24,7 @@ from execd.__main__ import _parser as execd_parser
 from execd.app import StartupError
 from execd.marker import _cli_parser as cleanup_parser
 from harnessd.__main__ import _parser as harnessd_parser
+from harnessd.demo import free_port
 from tests.support import cli
 from tests.support.worker_env import WorkerPython, worker_python_or_skip
 
@@ -243,3 +244,23 @@ def test_a_memory_limit_kept_by_an_rlimit_is_named_when_the_command_fails(
     note = failed.stderr.strip().splitlines()[-1]
     assert note.startswith("harnessd exec: the command ran under a memory limit of 64 MiB")
     assert (fine.returncode, fine.stderr) == (0, "")
+
+
+def test_the_run_execd_yourself_block_of_the_docs_runs_as_written(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    found = re.search(r"## Running execd yourself\n.*?```sh\n(.*?)```", text, flags=re.DOTALL)
+    assert found is not None
+    script = found.group(1).replace("4464", str(free_port()))
+    # The console scripts of this installation, as a user's PATH would have them.
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "hello from the workspace\n"), done.stderr
+    assert (tmp_path / "token").stat().st_mode & 0o077 == 0
