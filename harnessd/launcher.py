@@ -578,7 +578,8 @@ class _Plan:
             client = await self.options.dial(host, port, token, None)
         except BaseException as exc:
             late = not isinstance(exc, LaunchFailed)
-            await _bounded(self._abandon(token, announced, wait_late=late))
+            interrupted = isinstance(exc, asyncio.CancelledError)
+            await _bounded(self._abandon(token, announced, wait_late=late, tidy=interrupted))
             if isinstance(exc, LaunchFailed):
                 raise
             if isinstance(exc, HarnessError):
@@ -685,13 +686,20 @@ class _Plan:
             await self.runtime.run(["rm", "-f", "--", self.options.token_path], timeout=30.0)
 
     async def _abandon(
-        self, token: str, announced: _Announcement | None, *, wait_late: bool = False
+        self,
+        token: str,
+        announced: _Announcement | None,
+        *,
+        wait_late: bool = False,
+        tidy: bool = False,
     ) -> None:
         """Undo a launch that failed after execd was started (best effort).
 
         With ``wait_late`` (the launch was interrupted, not timed out) a worker
         that has not announced yet is given a few seconds to do so and then
-        closed like one that had.
+        closed like one that had. With ``tidy`` (the launch was cancelled: no
+        failure to look into) the working directory the launch made goes too
+        once execd closed cleanly; a failed launch keeps its log there.
         """
         await self._discard_token()
         if announced is None and wait_late:
@@ -704,10 +712,16 @@ class _Plan:
         if scan(data)[0] is not None:
             return
         host, port = self.address(announced)
+        report: CloseReport | None = None
         with contextlib.suppress(HarnessError, TimeoutError, OSError):
             client = await connect(host, port, token, encrypt=self.options.encrypt, timeout=5.0)
             async with client:
-                await client.shutdown(timeout=self.options.cleanup_timeout)
+                report = await client.shutdown(timeout=self.options.cleanup_timeout)
+        if not (tidy and self.options.created_workdir and report is not None):
+            return
+        if not report.remaining and await await_exit(self.runtime, self.log_path, 10.0) == 0:
+            with contextlib.suppress(HarnessError):
+                await remove_workdir(self.runtime, self.workdir)
 
     async def _late_announcement(self, token: str) -> _Announcement | None:
         loop = asyncio.get_running_loop()
