@@ -41,6 +41,7 @@ from protocol.values import (
     TOKEN_VAR,
     TokenFileUnreadable,
     bind_port,
+    count,
     from_options,
     new_marker,
     option_name,
@@ -49,6 +50,7 @@ from protocol.values import (
     validate_marker,
     validate_marker_var,
 )
+from protocol.version import VersionAction
 
 _PR_SET_DUMPABLE = 4
 _DEFAULTS = Limits()
@@ -129,18 +131,22 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Workspace worker: serves shell, files, services, watches and the session ledger "
             "over an authenticated RPC protocol. Subcommands: 'execd cleanup --marker ID' kills "
-            "every process of this user carrying the marker; 'execd tool --help' lists the "
-            "workspace utilities built in for workspaces without a shell."
+            "every process of this user carrying the marker, then removes the cgroups of execds "
+            "that died without removing them; 'execd tool --help' lists the workspace utilities "
+            "built in for workspaces without a shell."
         ),
         formatter_class=_checking_formatter,
     )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
         "--port", type=bind_port, default=0, help="port to bind (default 0: the kernel picks)"
     )
     parser.add_argument("--token-file", help="file holding the token (else $EXECD_TOKEN)")
     parser.add_argument(
-        "--keep-token-file", action="store_true", help="do not remove the token file after reading"
+        "--keep-token-file",
+        action="store_true",
+        help="do not remove the token file after reading it (so clients can read it too)",
     )
     parser.add_argument("--marker", help="marker value (default: random 128-bit hex)")
     parser.add_argument(
@@ -163,8 +169,8 @@ def _parser() -> argparse.ArgumentParser:
             option,
             dest=field,
             metavar=option[2:].upper().replace("-", "_"),
-            # A number of seconds must be finite and above zero (a timer of 0 would spin).
-            type=positive_seconds if isinstance(default, float) else type(default),
+            # A count is a whole number >= 0; seconds are finite and above zero (a timer of 0 would spin).
+            type=count if isinstance(default, int) else positive_seconds,
             default=default,
             help=text,
         )

@@ -27,7 +27,9 @@ gone; one that still holds processes (something the command left behind), or
 whose command never got to report its end, is removed by
 :meth:`Cgroups.sweep`, which execd runs after its marker cleanup (killing what
 is left) and when it exits. Subtrees of an execd that died without cleaning
-up are removed, once empty, when the next execd starts using cgroups.
+up are removed, once empty, when the next execd starts using cgroups in the
+same place, and by :func:`sweep_stale` wherever they are (``execd cleanup``
+and ``harnessd gc`` run it).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import itertools
 import logging
 import os
 import signal
+import stat
 import time
 
 from protocol.rpc.resources import LimitName
@@ -372,16 +375,94 @@ def _remove_stale(base: str) -> None:
     """Remove the empty subtrees an execd that died without cleaning up left in ``base``."""
     with contextlib.suppress(OSError):
         for entry in os.listdir(base):
-            owner = entry.removeprefix("execd-")
-            if owner == entry or not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+            if _dead_owner(entry):
+                _remove_subtree(os.path.join(base, entry))
+
+
+def _dead_owner(name: str) -> bool:
+    """Whether ``name`` is an execd subtree (``execd-<pid>``) whose execd is gone."""
+    owner = name.removeprefix("execd-")
+    return owner != name and owner.isdigit() and not os.path.exists(f"/proc/{owner}")
+
+
+def _remove_subtree(root: str, *, dry_run: bool = False) -> bool:
+    """Remove an execd subtree: its command cgroups, its leaf, itself; False if one is busy.
+
+    Only cgroups of the shapes execd makes (``<n>`` and the ``execd`` leaf)
+    are removed; ``rmdir`` of a cgroup fails while processes are in it.
+    """
+    try:
+        children = [c for c in os.listdir(root) if os.path.isdir(os.path.join(root, c))]
+    except OSError:
+        return False
+    if any(not (child.isdigit() or child == _LEAF) for child in children):
+        return False
+    # Nothing is touched while any of it holds a process (its execd, seen from
+    # another PID namespace, may be alive after all).
+    for where in (root, *(os.path.join(root, child) for child in children)):
+        if _read_words(os.path.join(where, "cgroup.procs")):
+            return False
+    if dry_run:
+        return True
+    for child in children:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(root, child))
+    try:
+        os.rmdir(root)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+STALE_WALK_LIMIT = 100_000
+"""Most cgroup directories :func:`sweep_stale` looks at in one hierarchy."""
+
+
+def sweep_stale(*, dry_run: bool = False) -> tuple[list[str], list[str]]:
+    """Remove the subtrees of every execd that died without cleaning up; ``(removed, busy)``.
+
+    Walks each hierarchy execd uses (v2, and the v1 ``pids``, ``memory`` and
+    ``cpuacct``) from its mount point, at most :data:`STALE_WALK_LIMIT`
+    directories each, for ``execd-<pid>`` directories whose process is gone.
+    It only enters directories owned by root or by this user (by root alone
+    when run as root) that no one else may write, and only removes subtrees
+    owned by this user. ``busy``: subtrees still holding processes (something
+    a command left behind), left in place. ``dry_run``: remove nothing, list
+    what would go. Best run after the dead execd's marked processes are
+    killed (``execd cleanup``).
+    """
+    uid = os.geteuid()
+    trusted = {0} if uid == 0 else {0, uid}
+    removed: list[str] = []
+    busy: list[str] = []
+    for mount in sorted(set(_mount_points().values())):
+        pending = [mount]
+        seen = 0
+        while pending and seen < STALE_WALK_LIMIT:
+            directory = pending.pop()
+            seen += 1
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
                 continue
-            root = os.path.join(base, entry)
-            with contextlib.suppress(OSError):
-                for child in os.listdir(root):
-                    if child.isdigit() or child == _LEAF:
-                        with contextlib.suppress(OSError):
-                            os.rmdir(os.path.join(root, child))
-                os.rmdir(root)
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid not in trusted:
+                    continue
+                if info.st_mode & 0o022:
+                    continue
+                if _dead_owner(entry.name) and info.st_uid == uid:
+                    ok = _remove_subtree(entry.path, dry_run=dry_run)
+                    (removed if ok else busy).append(entry.path)
+                    if ok:
+                        continue
+                pending.append(entry.path)
+    return removed, busy
 
 
 def _write(path: str, value: int) -> None:

@@ -81,7 +81,14 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 
 from execd.commands import check_variables
-from protocol.values import DEFAULT_MARKER_VAR, TOKEN_VAR, validate_marker, validate_marker_var
+from protocol.values import (
+    DEFAULT_MARKER_VAR,
+    TOKEN_VAR,
+    count,
+    non_negative,
+    validate_marker,
+    validate_marker_var,
+)
 
 __all__ = [
     "ENVIRON_READ_CAP",
@@ -543,7 +550,8 @@ def set_child_subreaper() -> bool:
 def _cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="execd cleanup",
-        description="Kill every process of this user that carries the session marker.",
+        description="Kill every process of this user that carries the session marker, then "
+        "remove the cgroups of execds that died without removing them.",
     )
     parser.add_argument("--marker", required=True, help="the session marker value")
     parser.add_argument(
@@ -553,13 +561,13 @@ def _cli_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=non_negative,
         default=5.0,
         help="give up after this many seconds (default 5)",
     )
     parser.add_argument(
         "--uid",
-        type=int,
+        type=count,
         help="clean up the marked processes of this user (default: this process's; needs root)",
     )
     return parser
@@ -568,9 +576,11 @@ def _cli_parser() -> argparse.ArgumentParser:
 def cleanup_main(argv: list[str] | None = None) -> int:
     """``execd cleanup --marker ID [--marker-var NAME] [--timeout S] [--uid UID]``.
 
-    Prints one JSON line ``{"event": "cleanup", "killed": N, "remaining": [...],
-    "rounds": N}``. Returns 0 when no marked process remains, 1 when some do
-    (or the scan failed), 2 on bad arguments.
+    Kills the marked processes, then removes the cgroups of every execd that
+    died without removing them (:func:`execd.cgroups.sweep_stale`). Prints
+    one JSON line ``{"event": "cleanup", "killed": N, "remaining": [...],
+    "rounds": N, "stale_cgroups_removed": N}``. Returns 0 when no marked
+    process remains, 1 when some do (or the scan failed), 2 on bad arguments.
     """
     parser = _cli_parser()
     try:
@@ -595,11 +605,17 @@ def cleanup_main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"execd cleanup: error: {exc}", file=sys.stderr)
         return 1
+    # The cgroups of an execd that died (SIGKILL) without removing them: empty now
+    # that its marked processes are gone.
+    from execd.cgroups import sweep_stale
+
+    removed, _ = sweep_stale()
     line = {
         "event": "cleanup",
         "killed": report.killed,
         "remaining": report.remaining,
         "rounds": report.rounds,
+        "stale_cgroups_removed": len(removed),
     }
     print(json.dumps(line), flush=True)
     return 1 if report.remaining else 0

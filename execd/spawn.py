@@ -230,7 +230,8 @@ class Child:
 def _spawn_error(exc: OSError, argv0: str, cwd: str | None) -> SpawnFailed:
     name = errno.errorcode.get(exc.errno or 0, "EIO")
     reason = exc.strerror or name
-    if cwd is not None and exc.filename == cwd and cwd != argv0:
+    if _blames_cwd(exc, argv0, cwd):
+        assert cwd is not None
         where, what = cwd, "working directory"
     else:
         where, what = argv0, "command"
@@ -238,9 +239,24 @@ def _spawn_error(exc: OSError, argv0: str, cwd: str | None) -> SpawnFailed:
         message = f"{what} not found: {where}"
     elif exc.errno in (errno.EACCES, errno.EPERM):
         message = f"{what} not permitted: {where}"
+    elif what == "working directory" and exc.errno == errno.ENOTDIR:
+        message = f"the working directory is not a directory: {where}"
+    elif what == "working directory":
+        message = f"cannot enter the working directory {where}: {reason}"
     else:
         message = f"cannot start {where}: {reason}"
     return SpawnFailed(message, {"errno": name, "path": where, "what": what})
+
+
+def _blames_cwd(exc: OSError, argv0: str, cwd: str | None) -> bool:
+    """Whether a failed start is the working directory's fault rather than the command's."""
+    if cwd is None or cwd == argv0:
+        return False
+    if exc.filename == cwd:
+        return True
+    pathless = exc.filename is None or exc.filename == argv0
+    lookup = exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES)
+    return pathless and lookup and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK))
 
 
 def resolve_program(name: str, env: Mapping[str, str]) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -56,7 +57,6 @@ from execd.errors import (
     AlreadyExited,
     LimitExceeded,
     NoSuchProcess,
-    SpawnFailed,
 )
 from execd.fit import ensure_fits
 from execd.limits import Plan
@@ -254,10 +254,9 @@ class TerminalCapability(CommandCapability):
         if params.cwd is not None and not os.path.isdir(params.cwd):
             if plan is not None:
                 plan.release()
-            raise SpawnFailed(
-                f"working directory not found: {params.cwd}",
-                {"errno": "ENOENT", "path": params.cwd, "what": "working directory"},
-            )
+            code = errno.ENOTDIR if os.path.exists(params.cwd) else errno.ENOENT
+            failure = OSError(code, os.strerror(code), params.cwd)
+            raise spawning.spawn_error(failure, argv[0], params.cwd)
         master, slave = os.openpty()
         try:
             set_window(master, params.rows, params.cols)

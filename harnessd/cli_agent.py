@@ -28,7 +28,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from harnessd.cli_common import USAGE, UsageError, run_session, say
 from harnessd.demo import TranscriptPrinter, demo_model, run_demo
 from harnessd.errors import RemoteError
 from harnessd.launcher import DEFAULT_LEASE, Session, serve
+from harnessd.leftovers import Hold
 from harnessd.models import ModelConfigError
 from harnessd.openai_model import (
     DEFAULT_MAX_RETRY_WAIT,
@@ -133,7 +133,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument(
         "--workspace",
         help="workspace directory the tools work in (default: a new temporary directory "
-        "for a local execd, execd's working directory for a running one)",
+        "for a local execd, removed at the end; execd's working directory for a running one)",
     )
     run.add_argument("--host", default="127.0.0.1", help="host of a running execd")
     run.add_argument("--port", type=port_number, help="port of a running execd (else launch one)")
@@ -219,8 +219,11 @@ class _Ready:
 def _prepare(args: argparse.Namespace) -> _Ready:
     model = _model(args)
     token = _token(args.token_file) if args.port is not None else None
-    if token is None and args.workspace is not None and not os.path.isdir(args.workspace):
-        raise UsageError(f"the workspace {args.workspace} is not a directory")
+    if token is None and args.workspace is not None:
+        if not os.path.isdir(args.workspace):
+            raise UsageError(f"the workspace {args.workspace} is not a directory")
+        # execd runs in it, so a relative path would name another directory there.
+        args.workspace = os.path.abspath(args.workspace)
     progress = None if args.quiet else Progress(sys.stderr)
     # Progress first: it erases its status line before the transcript prints.
     listeners: list[Listener] = [] if progress is None else [progress]
@@ -263,7 +266,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
     finished = False
     try:
         execd = await _open_execd(args, ready.token)
-        if execd.workspace:
+        if execd.workspace and execd.scratch is None:
             print(f"workspace: {execd.workspace}")
         agent = AgentSession(
             ready.model,
@@ -293,7 +296,7 @@ async def run_agent(args: argparse.Namespace, ready: _Ready) -> int:
             ready.progress.close()
         await ready.model.aclose()
         if execd is not None:
-            await execd.close(ready.trace, finished)
+            await execd.close(ready.trace)
         ready.trace.close()
 
 
@@ -305,20 +308,28 @@ class _Execd:
     workspace: str | None
     session: Session | None = None
     reconnect: Callable[[], Awaitable[object]] | None = None
+    scratch: Hold | None = None
+    """The workspace made for the run (removed at the end), when none was given."""
 
-    async def close(self, trace: Trace, finished: bool) -> None:
-        """Close the connection; a launched execd is cleaned up and stopped, and says how it went."""
+    async def close(self, trace: Trace) -> None:
+        """Close the connection; a launched execd is cleaned up and stopped, and says how it went.
+
+        execd's log (its own directory under /tmp) stays only when its close was not
+        clean: how the model's part ended is in the transcript, not in that log.
+        """
         session = self.session
         if session is None:
             await self.current().close()
             return
-        # execd's log (its own directory under /tmp) is kept for a run that did not
-        # finish, and by close() itself when the close was not clean.
-        closed = await session.close(keep_log=True if not finished else None)
-        trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
-        print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
-        if closed.log_kept:
-            print(f"execd's log kept: {session.log_path}")
+        try:
+            closed = await session.close()
+            trace.emit("cleanup", killed=closed.killed, left=closed.leftover)
+            print(f"cleanup: {closed.killed} processes killed, {closed.leftover} processes left")
+            if closed.log_kept:
+                print(f"execd's log kept: {session.log_path}")
+        finally:
+            if self.scratch is not None:
+                self.scratch.remove()
 
 
 async def _open_execd(args: argparse.Namespace, token: bytes | None) -> _Execd:
@@ -333,14 +344,31 @@ async def _open_execd(args: argparse.Namespace, token: bytes | None) -> _Execd:
                 await client.close()
                 raise
         return _Execd(lambda: client, workspace)
-    workspace = args.workspace or tempfile.mkdtemp(prefix="harnessd-run-")
+    scratch = _new_workspace() if args.workspace is None else None
+    workspace = scratch.path if scratch is not None else args.workspace
     # The runtime drops the key's variable (and anything credential-like)
     # from execd's environment, so no command in the workspace sees it.
     scrub = [args.api_key_env] if args.api_key_env else []
-    session = await serve(LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease)
+    try:
+        session = await serve(
+            LocalRuntime(scrub=scrub), encrypt=bool(args.encrypt), lease=args.lease, cwd=workspace
+        )
+    except BaseException:
+        if scratch is not None:
+            scratch.remove()
+        raise
     print(f"execd up at {session.host}:{session.port} (marker {session.marker})")
-    print(f"execd's log: {session.log_path} (kept only if the run or its close fails)")
-    return _Execd(lambda: session.client, workspace, session, session.reconnect)
+    print(f"execd's log: {session.log_path} (kept only if execd fails)")
+    if scratch is not None:
+        print(f"workspace: {workspace} (new, removed at the end; --workspace DIR keeps files)")
+    return _Execd(lambda: session.client, workspace, session, session.reconnect, scratch)
+
+
+def _new_workspace() -> Hold:
+    try:
+        return Hold("harnessd-run-")
+    except OSError as exc:
+        raise UsageError(f"cannot make a workspace in the temporary directory: {exc}") from None
 
 
 def _token(path: str | None) -> bytes:

@@ -4,7 +4,8 @@ The same bench as ``python -m bench`` (see :mod:`bench.suite`): one run on
 loopback, every figure with p50, p99 and its ratio to baselines measured in
 the same run, written as markdown, JSON and (with matplotlib) a PNG. The
 baselines need the ``bench`` extra; without it the command says which
-packages are missing and how to install them for this installation.
+packages are missing and how to install them for this installation
+(splitexec is not on the package index: from the checkout it came from).
 """
 
 from __future__ import annotations
@@ -33,28 +34,43 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=(
             "Measure execd on loopback beside a raw uvloop floor, FastAPI/uvicorn and gRPC; "
             "write bench.md, bench.json and bench.png into --out. The baselines need the "
-            "'bench' extra (pip install 'splitexec[bench]')."
+            "'bench' extra: in a checkout of splitexec, pip install -e '.[bench]' (or "
+            "pip install '/path/to/checkout[bench]' for an install that is not editable)."
         ),
     )
     add_arguments(parser)
     parser.set_defaults(func=main)
 
 
+CHECKOUT = "/path/to/splitexec"
+"""Stands for the user's checkout when nothing records where this installation came from."""
+
+
 def install_command() -> str:
     """The pip command that adds the ``bench`` extra to this very installation.
 
-    An editable install (``pip install -e DIR``) gets ``-e 'DIR[bench]'``;
-    any other install gets ``'splitexec[bench]'``. Either way through this
-    interpreter, so it lands in the environment harnessd runs from.
+    splitexec is not on the package index, so the command installs from
+    where this installation came from, as its ``direct_url.json`` records:
+    an editable checkout gets ``-e 'DIR[bench]'``, a directory ``'DIR[bench]'``,
+    a wheel or archive file ``'FILE[bench]'``, a URL ``'splitexec[bench] @ URL'``.
+    Without a record the command names :data:`CHECKOUT`, to be replaced by
+    the directory of a checkout. Either way through this interpreter, so it
+    lands in the environment harnessd runs from.
     """
     pip = f"{shlex.quote(sys.executable)} -m pip install"
-    source = _editable_source()
-    if source is not None:
-        return f"{pip} -e {shlex.quote(source + '[bench]')}"
-    return f"{pip} {shlex.quote(DISTRIBUTION + '[bench]')}"
+    origin = _origin()
+    if origin is None:
+        return f"{pip} {shlex.quote(CHECKOUT + '[bench]')} (your checkout of splitexec)"
+    url, editable = origin
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return f"{pip} {shlex.quote(f'{DISTRIBUTION}[bench] @ {url}')}"
+    path = shlex.quote(unquote(parsed.path) + "[bench]")
+    return f"{pip} -e {path}" if editable else f"{pip} {path}"
 
 
-def _editable_source() -> str | None:
+def _origin() -> tuple[str, bool] | None:
+    """Where this installation came from (``direct_url.json``): its URL and whether editable."""
     try:
         text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
     except metadata.PackageNotFoundError:
@@ -66,11 +82,10 @@ def _editable_source() -> str | None:
     except ValueError:
         return None
     url = origin.get("url") if isinstance(origin, dict) else None
-    dir_info = origin.get("dir_info") if isinstance(origin, dict) else None
-    if not (isinstance(dir_info, dict) and dir_info.get("editable") and isinstance(url, str)):
+    if not isinstance(url, str):
         return None
-    parsed = urlparse(url)
-    return unquote(parsed.path) if parsed.scheme == "file" else None
+    dir_info = origin.get("dir_info")
+    return url, isinstance(dir_info, dict) and bool(dir_info.get("editable"))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -13,10 +13,17 @@ stdout is closed under it (``| head``), as coreutils die of SIGPIPE; 2 for
 usage errors (a limit out of range or above execd's own); 255 when execd
 cannot be reached or the connection fails, as ssh does.
 
+``-e NAME=VALUE`` (or ``-e NAME``: this process's value) sets a variable
+for the command, on top of execd's environment; the token's variable cannot
+be passed on.
+
 ``--limit-memory BYTES``, ``--limit-cpu SECONDS``, ``--limit-processes N``,
 ``--limit-file-size BYTES`` and ``--limit-open-files N`` (execd's own
 option names) bound the command and everything it starts; when it ran into
-one, a line on stderr names it.
+one, a line on stderr names it. A memory limit that execd can only enforce
+as an rlimit (no memory cgroup: an allocation past it merely fails) cannot
+be told apart from other failures; a command that fails under one gets a
+line saying so.
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ import msgspec
 from harnessd.api import ExecdClient, RunningCommand, connect
 from harnessd.cli_common import STOP_SIGNALS, USAGE, UsageError, say, silence_stdout
 from harnessd.errors import HarnessError, InvalidParams, NotSupported, SpawnFailed
+from harnessd.tool_text import memory_note
 from protocol.rpc.resources import LIMIT_NAMES, Limits
 from protocol.rpc.shell import RunResult
 from protocol.values import (
     LIMIT_OPTIONS,
+    TOKEN_VAR,
     from_options,
     option_name,
     port_number,
@@ -81,6 +90,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("--cwd", help="working directory in the workspace")
     parser.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        type=env_entry,
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable for the command (repeatable); -e NAME passes its value here",
+    )
+    parser.add_argument(
         "--timeout",
         type=positive_seconds,
         help="kill the command after this many seconds (more than 0; omit for no timeout)",
@@ -93,6 +111,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         limit.add_argument(option_name(name), type=kind, metavar=unit)
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
     parser.set_defaults(func=main)
+
+
+def env_entry(text: str) -> tuple[str, str]:
+    """argparse type of ``-e``: ``NAME=VALUE``, or ``NAME`` for this process's value of it."""
+    name, equals, value = text.partition("=")
+    if not name or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    if name == TOKEN_VAR:
+        raise argparse.ArgumentTypeError(f"{name} holds the token and is never passed on")
+    if not equals:
+        if name not in os.environ:
+            raise argparse.ArgumentTypeError(f"{name} is not set here (give -e {name}=VALUE)")
+        value = os.environ[name]
+    return name, value
 
 
 def exit_status(exit_code: int | None, signum: int | None) -> int:
@@ -171,6 +203,7 @@ async def run_exec(args: argparse.Namespace) -> int:
     except UsageError as exc:
         say(f"{PROG}: {exc}")
         return USAGE
+    env = dict(args.env) or None
     where = f"{args.host}:{args.port}"
     try:
         client = await connect(args.host, args.port, token, encrypt=bool(args.encrypt))
@@ -183,10 +216,10 @@ async def run_exec(args: argparse.Namespace) -> int:
             from harnessd.cli_tty import run_terminal
 
             try:
-                return await run_terminal(client, argv, args.cwd, limits)
+                return await run_terminal(client, argv, args.cwd, limits, env)
             except (InvalidParams, NotSupported) as exc:
                 return refused(exc)
-        return await _run_streaming(client, args, argv, limits)
+        return await _run_streaming(client, args, argv, limits, env)
     finally:
         await client.close()
 
@@ -210,7 +243,11 @@ def _request(args: argparse.Namespace) -> tuple[list[str], Limits | None, bytes]
 
 
 async def _run_streaming(
-    client: ExecdClient, args: argparse.Namespace, argv: list[str], limits: Limits | None
+    client: ExecdClient,
+    args: argparse.Namespace,
+    argv: list[str],
+    limits: Limits | None,
+    env: dict[str, str] | None,
 ) -> int:
     """The command run with its output streamed here, stdin forwarded (``-i``), signals passed on.
 
@@ -225,11 +262,13 @@ async def _run_streaming(
         command = client.run_streaming(
             argv,
             cwd=args.cwd,
+            env=env,
             timeout=args.timeout,
             stdin_stream=bool(args.interactive),
             limits=limits,
         )
-        streaming = loop.create_task(_stream(command))
+        memory = limits.memory if limits is not None else None
+        streaming = loop.create_task(_stream(command, memory))
 
         def on_signal(signum: int) -> None:
             received.append(signum)
@@ -263,7 +302,7 @@ async def _run_streaming(
                 stdin_task.exception()  # retrieved: a send after the command ended may fail
 
 
-async def _stream(command: RunningCommand[RunResult]) -> int:
+async def _stream(command: RunningCommand[RunResult], memory: int | None) -> int:
     out = sys.stdout.buffer
     err = sys.stderr.buffer
     try:
@@ -288,6 +327,9 @@ async def _stream(command: RunningCommand[RunResult]) -> int:
         say(f"{PROG}: command timed out")
     if result.limit_exceeded is not None:
         say(f"{PROG}: the command ran into its {result.limit_exceeded} limit")
+    note = memory_note(result, memory)
+    if note is not None:
+        say(f"{PROG}: {note}")
     return exit_status(result.exit_code, result.signal)
 
 

@@ -38,13 +38,23 @@ def _window(fd: int) -> tuple[int, int]:
 
 
 async def run_terminal(
-    client: ExecdClient, argv: list[str], cwd: str | None, limits: Limits | None = None
+    client: ExecdClient,
+    argv: list[str],
+    cwd: str | None,
+    limits: Limits | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
-    """Run ``argv`` on a remote terminal wired to this process's terminal; its exit status."""
+    """Run ``argv`` on a remote terminal wired to this process's terminal; its exit status.
+
+    ``env``: variables for the command, on top of this terminal's ``TERM``.
+    """
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
     rows, cols = _window(fd_in)
-    env = {"TERM": os.environ["TERM"]} if os.environ.get("TERM") else None
-    term = await client.open_terminal(argv, rows=rows, cols=cols, cwd=cwd, env=env, limits=limits)
+    variables = {"TERM": os.environ["TERM"]} if os.environ.get("TERM") else {}
+    variables.update(env or {})
+    term = await client.open_terminal(
+        argv, rows=rows, cols=cols, cwd=cwd, env=variables or None, limits=limits
+    )
     saved = termios.tcgetattr(fd_in)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()

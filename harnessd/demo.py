@@ -6,21 +6,21 @@ path wait, an HTTP service with a readiness probe, a persistent shell
 session, the ledger synced every turn), prints a transcript with each tool
 call's round-trip time, reads the ledger back and verifies it, closes the
 session and reports how many processes were left. The workspace is removed
-at the end. Exit status 0 when everything worked.
+at the end; execd's log stays (its path printed) only when the session's
+close was not clean. Exit status 0 when everything worked.
 """
 
 from __future__ import annotations
 
 import shlex
-import shutil
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
 from harnessd.agent import AgentLimits, AgentResult, AgentSession
 from harnessd.launcher import DEFAULT_LEASE, CloseResult, serve
+from harnessd.leftovers import Hold
 from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
 from harnessd.toolbox import ToolConfig
@@ -127,18 +127,12 @@ async def run_demo(
     scripted = model if model is not None else demo_model()
     records = trace if trace is not None else Trace()
     records.add_listener(TranscriptPrinter(stream))
-    workspace = Path(tempfile.mkdtemp(prefix="harnessd-demo-"))
+    scratch = Hold("harnessd-demo-")
     try:
-        root = workspace / "work"
+        root = Path(scratch.path) / "work"
         root.mkdir()
-        print(f"workspace: {workspace} (removed at the end)", file=stream, flush=True)
-        session = await serve(
-            LocalRuntime(),
-            workdir=str(workspace / "execd"),
-            extra_args=("--state-dir", str(workspace / "state")),
-            encrypt=encrypt,
-            lease=lease,
-        )
+        print(f"workspace: {scratch.path} (removed at the end)", file=stream, flush=True)
+        session = await serve(LocalRuntime(), cwd=str(root), encrypt=encrypt, lease=lease)
         print(
             f"execd up at {session.host}:{session.port} (pid {session.pid}, "
             f"cipher {session.client.cipher}, marker {session.marker})",
@@ -180,6 +174,8 @@ async def run_demo(
                 worker_exited=closed.worker_exited,
             )
             _report_cleanup(closed, stream)
+            if closed.log_kept:
+                print(f"execd's log kept: {session.log_path}", file=stream)
         ok = (
             failure is None
             and result is not None
@@ -192,7 +188,7 @@ async def run_demo(
         return 0 if ok else 1
     finally:
         records.close()
-        shutil.rmtree(workspace, ignore_errors=True)
+        scratch.remove()
 
 
 def _report_cleanup(closed: CloseResult, out: TextIO) -> None:

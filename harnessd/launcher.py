@@ -7,7 +7,9 @@ Theory of operation
 1. *Prepare.* A fresh token and a fresh 128-bit marker are made. A private
    working directory is created in the workspace (mode 0700; by default a new
    ``/tmp/execd-<random>``), and the token is written into it as a new 0600
-   file. The token never appears in argv or in an environment.
+   file. The token never appears in argv or in an environment. execd's state
+   directory (the session ledgers) is ``state-<tag>`` in it unless
+   ``extra_args`` names one.
 2. *Start.* execd is started in the background under a tiny ``/bin/sh``
    supervisor, both writing to one log file in the working directory. execd
    reads and deletes the token file, then prints ``{"event": "listening",
@@ -17,6 +19,8 @@ Theory of operation
    command, SIGKILL -- is noticed too. No PID is needed or trusted for this.
    (A runtime whose ``start_background`` supervises by itself -- a workspace
    without a shell -- gets execd's argv without the ``/bin/sh`` around it.)
+   With ``cwd`` the supervisor enters that directory first, so execd and
+   every command that does not name a directory of its own run there.
 3. *Wait.* The log is polled through the runtime (20 ms, backing off to
    250 ms). An ``exited`` line is looked for *before* the ``listening`` line,
    and after ``listening`` is seen the log is read once more after a short
@@ -30,9 +34,10 @@ result): the ``session.close`` RPC with ``shutdown=True`` kills every process
 carrying the marker and makes execd exit. When the RPC fails (execd killed,
 hung, unreachable), ``execd cleanup --marker ...`` runs through the runtime
 instead. Then the log is watched for execd's exit, the token file is removed
-if still there, and the log is removed (with the working directory :func:`serve`
-created) unless the close was not clean: then it is kept to tell what went
-wrong (``keep_log=True`` always keeps it, ``keep_log=False`` never does).
+if still there, the state directory the launcher chose is removed, and the log
+is removed (with the working directory :func:`serve` created) unless the close
+was not clean: then it alone is kept to tell what went wrong (``keep_log=True``
+always keeps it, ``keep_log=False`` never does).
 
 Every launched execd has a lease (:data:`DEFAULT_LEASE` unless ``serve``
 is told otherwise): execd cleans up by its marker and exits once no frame has
@@ -99,6 +104,16 @@ _SUPERVISOR = (
     """printf '{"event": "exited", "code": %d, "source": "supervisor"}\\n' "$status"; """
     'exit "$status"'
 )
+# Put before the supervisor when execd runs in a given directory:
+# sh -c SCRIPT execd-supervisor CWD EXECD_ARGV...  A directory that cannot be
+# entered ends the launch with the supervisor's exited line (status 126).
+_ENTER = (
+    'cd -- "$1" || { '
+    "printf '%s\\n' "
+    """'{"event": "exited", "code": 126, "source": "supervisor", """
+    """"error": "cannot enter the directory given as cwd"}'; """
+    "exit 126; }; shift; "
+)
 
 
 def default_execd_command() -> list[str]:
@@ -152,6 +167,8 @@ class _Options:
     cleanup_timeout: float
     token_path: str
     created_workdir: bool
+    state_dir: str | None = None
+    """execd's state directory when the launcher chose it (removed at close), else None."""
     reattach_within: float = reattach.DEFAULT_REATTACH_WITHIN
 
     async def dial(self, host: str, port: int, token: str, timeout: float | None) -> ExecdClient:
@@ -347,7 +364,9 @@ class Session:
                 await remove_workdir(self.runtime, self.workdir)
                 return None
             doomed = [opts.token_path] if keep_log else [opts.token_path, self.log_path]
-            result = await self.runtime.run(["rm", "-f", "--", *doomed], timeout=30.0)
+            if opts.state_dir is not None:
+                doomed.append(opts.state_dir)
+            result = await self.runtime.run(["rm", "-rf", "--", *doomed], timeout=30.0)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if result.exit_code != 0:
@@ -372,8 +391,10 @@ def serve(
     execd_command: Sequence[str] | None = None,
     bind_host: str = "127.0.0.1",
     connect_host: str | None = None,
+    connect_port: int | None = None,
     port: int = 0,
     workdir: str | None = None,
+    cwd: str | None = None,
     marker: str | None = None,
     marker_var: str = DEFAULT_MARKER_VAR,
     lease: float | None = DEFAULT_LEASE,
@@ -393,11 +414,21 @@ def serve(
     ``--port``, ``--token-file``, ``--marker``, ``--marker-var``, ``--lease``
     and then ``extra_args``; ``execd_command + ["cleanup", ...]`` is the
     fallback cleanup. ``bind_host``/``port``: what execd binds (port 0: the
-    kernel picks). ``connect_host``: where to connect (default: the announced
-    host; a wildcard address means the loopback of the same family).
-    ``workdir``: a private directory in the workspace for the token file and
-    the log (default: a new ``/tmp/execd-<random>``, mode 0700; a given one is
-    created with ``mkdir -p -m 700`` if missing). ``marker``: the session
+    kernel picks). ``connect_host``/``connect_port``: where to connect
+    (default: the announced host and port; a wildcard address means the
+    loopback of the same family); give them when the workspace is reached
+    through a forwarded port. ``workdir``: a private directory in the
+    workspace for the token file, the log and, unless ``extra_args`` has a
+    ``--state-dir``, execd's state directory (the session ledgers) (default:
+    a new ``/tmp/execd-<random>``, mode 0700; a given one is created with
+    ``mkdir -p -m 700`` if missing). ``cwd``: the directory execd runs in,
+    so the working directory of every command that does not name its own
+    (an absolute path that must exist in the workspace). The default, None,
+    is the directory the runtime starts commands in: with
+    :class:`~harnessd.runtime.LocalRuntime` the current directory of this
+    process, through ssh the remote home directory, in a container its
+    working directory. Pass it whenever commands must not run where the
+    harness happens to be. ``marker``: the session
     marker (default: 32 random hex digits). ``lease``: execd cleans up by the
     marker and exits once no authenticated client has sent it a frame for
     this many seconds (default :data:`DEFAULT_LEASE`), so after this process
@@ -409,7 +440,8 @@ def serve(
     LEASE_PINGS`` when longer. ``start_timeout``: how long execd may take to
     announce. ``cleanup_timeout``: the budget of marker cleanup at close.
     ``reattach_within``: how long calls in flight wait for a reconnect.
-    Raises ValueError for a lease that is not a positive number of seconds.
+    Raises ValueError for a lease that is not a positive number of seconds,
+    a relative ``workdir`` or ``cwd``, or a ``connect_port`` out of range.
 
     Raises :class:`~harnessd.errors.LaunchFailed` (message with execd's log
     tail, never the token) when execd cannot be started, dies during startup,
@@ -433,6 +465,10 @@ def serve(
     directory = workdir if workdir is not None else f"/tmp/execd-{secrets.token_hex(8)}"  # noqa: S108
     if not posixpath.isabs(directory):
         raise ValueError("workdir must be an absolute path in the workspace")
+    if cwd is not None and not posixpath.isabs(cwd):
+        raise ValueError("cwd must be an absolute path in the workspace")
+    if connect_port is not None and not 0 < connect_port < 65536:
+        raise ValueError("connect_port must be a port number (1-65535)")
     if lease is not None:
         if not (math.isfinite(lease) and lease > 0):
             raise ValueError("lease must be a positive number of seconds (None: no lease)")
@@ -440,6 +476,9 @@ def serve(
             raise ValueError("a lease needs keepalive pings to hold it: set keepalive")
         keepalive = min(keepalive, lease / LEASE_PINGS)
     tag = value[:12]
+    chosen_state = not any(
+        arg == "--state-dir" or arg.startswith("--state-dir=") for arg in extra_args
+    )
     options = _Options(
         execd_command=command,
         encrypt=encrypt,
@@ -448,6 +487,7 @@ def serve(
         cleanup_timeout=cleanup_timeout,
         token_path=posixpath.join(directory, f"token-{tag}"),
         created_workdir=created,
+        state_dir=posixpath.join(directory, f"state-{tag}") if chosen_state else None,
         reattach_within=reattach_within,
     )
     plan = _Plan(
@@ -459,7 +499,9 @@ def serve(
         log_path=posixpath.join(directory, f"execd-{tag}.log"),
         bind_host=bind_host,
         connect_host=connect_host,
+        connect_port=connect_port,
         port=port,
+        cwd=cwd,
         lease=lease,
         start_timeout=start_timeout,
         extra_args=tuple(extra_args),
@@ -486,7 +528,9 @@ class _Plan:
     log_path: str
     bind_host: str
     connect_host: str | None
+    connect_port: int | None
     port: int
+    cwd: str | None
     lease: float | None
     start_timeout: float
     extra_args: tuple[str, ...]
@@ -507,9 +551,24 @@ class _Plan:
         ]
         if self.lease is not None:
             args += ["--lease", repr(float(self.lease))]
+        if self.options.state_dir is not None:
+            args += ["--state-dir", self.options.state_dir]
         if getattr(self.runtime, "supervises", False):
+            if self.cwd is not None:
+                raise WorkspaceError(
+                    "cwd= needs /bin/sh in the workspace to enter the directory; "
+                    "this runtime starts execd without a shell"
+                )
             return [*args, *self.extra_args]
-        return [_SH, "-c", _SUPERVISOR, "execd-supervisor", *args, *self.extra_args]
+        if self.cwd is None:
+            return [_SH, "-c", _SUPERVISOR, "execd-supervisor", *args, *self.extra_args]
+        supervisor = _ENTER + _SUPERVISOR
+        return [_SH, "-c", supervisor, "execd-supervisor", self.cwd, *args, *self.extra_args]
+
+    def address(self, announced: _Announcement) -> tuple[str, int]:
+        """Where to connect to the execd that announced ``announced``."""
+        host = self.connect_host or _connectable(announced.host)
+        return host, self.connect_port or announced.port
 
     async def launch(self) -> Session:
         token = new_token()
@@ -524,15 +583,16 @@ class _Plan:
         announced: _Announcement | None = None
         try:
             announced = await self._await_announcement(token)
-            host = self.connect_host or _connectable(announced.host)
-            client = await self.options.dial(host, announced.port, token, None)
+            host, port = self.address(announced)
+            client = await self.options.dial(host, port, token, None)
         except BaseException as exc:
             late = not isinstance(exc, LaunchFailed)
-            await _bounded(self._abandon(token, announced, wait_late=late))
+            interrupted = isinstance(exc, asyncio.CancelledError)
+            await _bounded(self._abandon(token, announced, wait_late=late, tidy=interrupted))
             if isinstance(exc, LaunchFailed):
                 raise
             if isinstance(exc, HarnessError):
-                where = f"{host}:{announced.port}" if announced is not None else "a port"
+                where = f"{host}:{port}" if announced is not None else "a port"
                 raise LaunchFailed(
                     f"execd listens on {where} but connecting failed: {exc}"
                 ) from exc
@@ -540,7 +600,7 @@ class _Plan:
         log.info(
             "execd up at %s:%d (pid %d, marker %s, log %s)",
             host,
-            announced.port,
+            port,
             announced.pid,
             self.marker,
             self.log_path,
@@ -548,7 +608,7 @@ class _Plan:
         return Session(
             client=client,
             host=host,
-            port=announced.port,
+            port=port,
             marker=self.marker,
             marker_var=self.marker_var,
             pid=announced.pid,
@@ -635,13 +695,20 @@ class _Plan:
             await self.runtime.run(["rm", "-f", "--", self.options.token_path], timeout=30.0)
 
     async def _abandon(
-        self, token: str, announced: _Announcement | None, *, wait_late: bool = False
+        self,
+        token: str,
+        announced: _Announcement | None,
+        *,
+        wait_late: bool = False,
+        tidy: bool = False,
     ) -> None:
         """Undo a launch that failed after execd was started (best effort).
 
         With ``wait_late`` (the launch was interrupted, not timed out) a worker
         that has not announced yet is given a few seconds to do so and then
-        closed like one that had.
+        closed like one that had. With ``tidy`` (the launch was cancelled: no
+        failure to look into) the working directory the launch made goes too
+        once execd closed cleanly; a failed launch keeps its log there.
         """
         await self._discard_token()
         if announced is None and wait_late:
@@ -653,13 +720,17 @@ class _Plan:
             data = await self.runtime.read_file(self.log_path, max_bytes=MAX_LOG_READ)
         if scan(data)[0] is not None:
             return
-        host = self.connect_host or _connectable(announced.host)
+        host, port = self.address(announced)
+        report: CloseReport | None = None
         with contextlib.suppress(HarnessError, TimeoutError, OSError):
-            client = await connect(
-                host, announced.port, token, encrypt=self.options.encrypt, timeout=5.0
-            )
+            client = await connect(host, port, token, encrypt=self.options.encrypt, timeout=5.0)
             async with client:
-                await client.shutdown(timeout=self.options.cleanup_timeout)
+                report = await client.shutdown(timeout=self.options.cleanup_timeout)
+        if not (tidy and self.options.created_workdir and report is not None):
+            return
+        if not report.remaining and await await_exit(self.runtime, self.log_path, 10.0) == 0:
+            with contextlib.suppress(HarnessError):
+                await remove_workdir(self.runtime, self.workdir)
 
     async def _late_announcement(self, token: str) -> _Announcement | None:
         loop = asyncio.get_running_loop()

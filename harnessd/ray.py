@@ -1,6 +1,7 @@
 """Rollouts over a Ray cluster: a pool of actors, each hosting many harnessd sessions.
 
-Needs the ``ray`` extra (``pip install 'splitexec[ray]'``); ``import harnessd``
+Needs the ``ray`` extra (in a checkout of splitexec: ``pip install -e '.[ray]'``,
+or ``pip install '/path/to/checkout[ray]'`` when not editable); ``import harnessd``
 never imports this module or Ray.
 
 Theory of operation

@@ -112,7 +112,39 @@ def format_run(result: shell.RunResult, exec_cap: int | None = None) -> str:
         status = f"exit code {result.exit_code}"
     if result.limit_exceeded is not None:
         status += f"; stopped by its {result.limit_exceeded} limit"
+    note = memory_note(result)
+    if note is not None:
+        status += f"; {note}"
     return _with_streams(status, result, exec_cap)
+
+
+def memory_note(result: shell.RunResult, memory: int | None = None) -> str | None:
+    """What to say of a command that failed under a memory limit execd enforces as an rlimit.
+
+    Where execd has no memory cgroup, the limit is ``RLIMIT_AS``: an
+    allocation past it merely fails, and the program decides what happens
+    (Python raises MemoryError, C programs report "Cannot allocate memory" or
+    crash), so ``limit_exceeded`` cannot name it. None when the command did
+    not fail, ran into a limit execd could tell, or had no such limit.
+    ``memory``: the limit in bytes, when the caller knows it.
+    """
+    failed = result.signal is not None or result.exit_code not in (0, None)
+    rlimit = (result.limits or {}).get("memory") == "rlimit"
+    if not failed or not rlimit or result.limit_exceeded is not None:
+        return None
+    size = f" of {_size(memory)}" if memory else ""
+    return (
+        f"the command ran under a memory limit{size} (an address-space rlimit: an allocation "
+        "past it fails, as MemoryError, 'Cannot allocate memory' or a crash), which may be "
+        "why it failed"
+    )
+
+
+def _size(count: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift and count % (1 << shift) == 0:
+            return f"{count >> shift} {unit}"
+    return f"{count} bytes"
 
 
 def format_session_run(result: sessions.RunResult, exec_cap: int | None = None) -> str:

@@ -1,7 +1,9 @@
 """execd as a verifiers runtime: ``ExecdRuntime(ExecdConfig())`` wherever verifiers takes a live box.
 
-Install with ``pip install 'splitexec[verifiers]'``. Importing :mod:`harnessd`
-never imports this module (or verifiers); import it by name.
+Needs the ``verifiers`` extra (in a checkout of splitexec: ``pip install -e
+'.[verifiers]'``, or ``pip install '/path/to/checkout[verifiers]'`` when not
+editable). Importing :mod:`harnessd` never imports this module (or
+verifiers); import it by name.
 
 Theory of operation
 -------------------

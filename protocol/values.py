@@ -177,6 +177,13 @@ TOKEN_VAR: Final = "EXECD_TOKEN"  # noqa: S105 - a variable name, not a secret
 """The environment variable a token is taken from when no token file is given."""
 
 
+GONE_FILE_HINT: Final = (
+    "execd removes its token file once it has read it: start execd with --keep-token-file, "
+    "or give clients a copy of the token made before execd starts"
+)
+"""Why a token file may be gone: said when it is missing."""
+
+
 class TokenFileUnreadable(ValueError):
     """The token file cannot be opened or read (missing, a directory, not permitted)."""
 
@@ -188,7 +195,8 @@ def read_token(path: str | None, environ: Mapping[str, str]) -> bytes:
     the variable's text, go through :func:`~protocol.handshake.token_bytes`:
     ASCII whitespace at the ends is removed and nothing else changes
     (PROTOCOL.md 6.8). Raises :class:`TokenFileUnreadable` when the file
-    cannot be read, and ValueError when it holds no token or neither source
+    cannot be read (for a missing one, with the likely reason: execd removed
+    it), and ValueError when it holds no token or neither source
     has one; each message names the file or the variable, never the token.
     """
     raw: bytes | str
@@ -198,6 +206,8 @@ def read_token(path: str | None, environ: Mapping[str, str]) -> bytes:
                 raw = handle.read(MAX_TOKEN_BYTES)
         except OSError as exc:
             message = f"cannot read the token file {path}: {exc.strerror}"
+            if isinstance(exc, FileNotFoundError):
+                message += f" ({GONE_FILE_HINT})"
             raise TokenFileUnreadable(message) from None
         source, missing = f"the token file {path}", f"the token file {path} is empty"
     else:

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from protocol.values import count, non_negative, positive_int, positive_seconds
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The kit's options, on ``parser``."""
@@ -46,45 +48,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fuzz-time",
-        type=float,
+        type=non_negative,
         default=30.0,
         metavar="S",
         help="seconds of open-ended fuzzing after the catalogue (0: none; default 30)",
     )
     parser.add_argument(
         "--fuzz-examples",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="stop the fuzzing after N examples",
     )
     parser.add_argument(
-        "--seed", type=int, default=None, help="seed of the fuzzing (default: random, reported)"
+        "--seed", type=count, default=None, help="seed of the fuzzing (default: random, reported)"
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=5.0,
         metavar="S",
         help="how long to wait for each required answer (default 5)",
     )
     parser.add_argument(
         "--health-timeout",
-        type=float,
+        type=positive_seconds,
         default=5.0,
         metavar="S",
         help="bound on serving a healthy client after each case (default 5)",
     )
     parser.add_argument(
         "--settle",
-        type=float,
+        type=non_negative,
         default=3.0,
         metavar="S",
         help="how long a local server may take to close what a case opened (default 3)",
     )
     parser.add_argument(
         "--pid",
-        type=int,
+        type=positive_int,
         default=None,
         help="the server's pid, for the local checks (found by port on loopback)",
     )

@@ -137,3 +137,49 @@ async def test_stopping_a_command_kills_its_double_forked_child_through_the_cgro
     directory = os.path.join(mount, group.lstrip("/"))
     await client.cleanup()
     await eventually(lambda: not os.path.exists(directory), timeout=30, what="its cgroup removed")
+
+
+def _cgroup_dirs(pid: int) -> list[Path]:
+    """Every cgroup directory ``pid`` is in, in each hierarchy mounted here."""
+    mounts: dict[str, str] = {}
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, options = right.split()[0], right.split()[2].split(",")
+            point = left.split()[4]
+            if fstype == "cgroup2":
+                mounts.setdefault("", point)
+            elif fstype == "cgroup":
+                mounts.update(dict.fromkeys(options, point))
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        where = mounts.get(controllers.split(",")[0])
+        if where is not None:
+            found.append(Path(where) / path.lstrip("/"))
+    return found
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: execd makes cgroups of its own as root")
+async def test_the_cgroups_of_a_sigkilled_execd_go_with_the_cleanup_after_it(
+    tmp_path: Path,
+) -> None:
+    from harnessd.launcher import serve
+
+    session = await serve(workdir=str(tmp_path / "work"))
+    try:
+        command = await session.client.run_detached(["sleep", "300"], limits={"memory": 64 << 20})
+        subtree = f"execd-{session.pid}"
+        # Until the prelude has joined the command's cgroups, /proc shows execd's own.
+        dirs = await eventually(
+            lambda: [d for d in _cgroup_dirs(command.pid) if subtree in d.parts],
+            what="the command in its cgroups",
+        )
+        roots = {Path(*d.parts[: d.parts.index(subtree) + 1]) for d in dirs}
+        os.kill(session.pid, 9)
+    finally:
+        closed = await session.close(keep_log=False)
+    assert closed.fallback_ran and closed.clean
+    left = sorted(str(root) for root in roots if root.exists())
+    assert left == [], f"cgroups of the killed execd left: {left}"

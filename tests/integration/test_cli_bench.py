@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import msgspec
-import pytest
 import uvloop
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,16 +62,46 @@ def _line(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
-@pytest.mark.parametrize(
-    "direct_url",
-    [None, {"url": "https://example.invalid/splitexec-0.1.0-py3-none-any.whl", "archive_info": {}}],
-    ids=["index", "wheel-file"],
-)
-def test_a_wheel_install_is_told_to_add_the_extra(
-    tmp_path: Path, direct_url: dict[str, object] | None
+PIP = f"{shlex.quote(sys.executable)} -m pip install"
+
+
+def test_an_install_that_recorded_no_origin_is_told_to_use_its_checkout(tmp_path: Path) -> None:
+    # splitexec is not on the package index: 'splitexec[bench]' alone would never install.
+    line = _line(_bench(_site(tmp_path, None)))
+    assert line.endswith(f"{PIP} '/path/to/splitexec[bench]' (your checkout of splitexec)")
+
+
+def test_a_wheel_install_is_told_to_install_that_wheel_with_the_extra(tmp_path: Path) -> None:
+    wheel = tmp_path / "dist" / "splitexec-0.1.0-py3-none-any.whl"
+    url: dict[str, object] = {"url": wheel.as_uri(), "archive_info": {}}
+    line = _line(_bench(_site(tmp_path, url)))
+    assert line.endswith(f"{PIP} {shlex.quote(f'{wheel}[bench]')}")
+    remote = "https://example.invalid/splitexec-0.1.0-py3-none-any.whl"
+    (tmp_path / "b").mkdir()
+    line = _line(_bench(_site(tmp_path / "b", {"url": remote, "archive_info": {}})))
+    assert line.endswith(f"{PIP} 'splitexec[bench] @ {remote}'")
+
+
+def test_a_checkout_installed_as_is_is_told_to_install_it_again_with_the_extra(
+    tmp_path: Path,
 ) -> None:
-    line = _line(_bench(_site(tmp_path, direct_url)))
-    assert line.endswith(f"{shlex.quote(sys.executable)} -m pip install 'splitexec[bench]'")
+    source = tmp_path / "checkout"
+    line = _line(_bench(_site(tmp_path, {"url": source.as_uri(), "dir_info": {}})))
+    assert line.endswith(f"{PIP} {shlex.quote(f'{source}[bench]')}")
+
+
+def test_bench_help_gives_install_commands_that_work_from_a_checkout() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harnessd", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    text = " ".join(done.stdout.split())
+    assert "pip install -e '.[bench]'" in text
+    assert "'splitexec[" not in text
 
 
 def test_an_editable_install_is_told_to_reinstall_its_source_tree_with_the_extra(

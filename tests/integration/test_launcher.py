@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import signal
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -541,31 +542,46 @@ runpy.run_module("execd", run_name="__main__", alter_sys=True)
 """
 
 
-async def test_a_launch_cancelled_before_the_announcement_still_closes_execd(
-    tmp_path: Path,
-) -> None:
+async def _cancelled_before_the_announcement(
+    tmp_path: Path, find: Callable[[], Path | None], **options: Any
+) -> Path:
+    """A launch cancelled while its worker waits at the gate, the worker let go after; its workdir.
+
+    ``find`` finds the launch's working directory once it exists.
+    """
     gate = tmp_path / "gate"
     command = ["env", f"PYTHON={sys.executable}", f"GATE={gate}", "sh", "-c", _SLOW_START, "sh"]
-    workdir = tmp_path / "work"
-    task = asyncio.ensure_future(
-        serve(
-            execd_command=command,
-            workdir=str(workdir),
-            extra_args=("--state-dir", str(tmp_path / "s")),
-        )
-    )
+    task = asyncio.ensure_future(serve(execd_command=command, **options))
 
     def tokens() -> list[str]:
-        return [p.name for p in workdir.iterdir() if p.name.startswith("token")]
+        where = find()
+        return (
+            [] if where is None else [p.name for p in where.iterdir() if p.name.startswith("token")]
+        )
 
     # The worker holds its copy of the token and waits at the gate: no announcement yet.
-    await eventually(lambda: workdir.exists() and any(n.endswith(".kept") for n in tokens()))
+    await eventually(lambda: any(n.endswith(".kept") for n in tokens()), what="the worker waiting")
+    made = find()
+    assert made is not None
     task.cancel()
     # The launch has given up (its token is gone) before the worker may start.
     await eventually(lambda: all(n.endswith(".kept") for n in tokens()), what="the launch given up")
     gate.touch()
     with pytest.raises(asyncio.CancelledError):
         await task
+    return made
+
+
+async def test_a_launch_cancelled_before_the_announcement_still_closes_execd(
+    tmp_path: Path,
+) -> None:
+    given = tmp_path / "work"
+    workdir = await _cancelled_before_the_announcement(
+        tmp_path,
+        lambda: given if given.exists() else None,
+        workdir=str(given),
+        extra_args=("--state-dir", str(tmp_path / "s")),
+    )
     log = next(workdir.glob("execd-*.log")).read_text()
     # By the time the cancelled launch returned, the late worker had announced and
     # been told to shut down: its own exit line and the supervisor's are both there.
@@ -579,3 +595,17 @@ async def test_a_launch_cancelled_before_the_announcement_still_closes_execd(
         timeout=15,
         what="the supervisor's exit line",
     )
+
+
+async def test_a_cancelled_launch_removes_the_directory_it_made_once_execd_closed(
+    tmp_path: Path,
+) -> None:
+    marker = secrets.token_hex(16)
+
+    def made() -> Path | None:
+        logs = Path("/tmp").glob(f"execd-*/execd-{marker[:12]}.log")
+        return next((log.parent for log in logs), None)
+
+    workdir = await _cancelled_before_the_announcement(tmp_path, made, marker=marker)
+    # Nothing went wrong that a log would tell: the launch was cancelled, execd closed cleanly.
+    assert not workdir.exists()

@@ -27,7 +27,7 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = ROOT / "examples"
 # Pages the index links to that are written separately; a link to one may dangle until it lands.
-PLANNED = {"client.md", "workspaces.md", "housekeeping.md"}
+PLANNED = {"client.md", "workspaces.md"}
 TWO_COMMANDS = """\
 # Set up and run the demo: a local execd on loopback driven by a scripted model.
 python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/harnessd demo
@@ -87,7 +87,7 @@ PROGRAMS = {
     "execd": ["-m", "execd"],
     **{
         f"harnessd {command}": ["-m", "harnessd", command]
-        for command in ("exec", "demo", "run", "bench")
+        for command in ("exec", "demo", "run", "bench", "gc")
     },
     **{
         f"python -m bench{module}": ["-m", f"bench{module}"]

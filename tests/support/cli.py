@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -98,17 +97,17 @@ def harnessd_exec(port: int, token: str, *args: str) -> tuple[list[str], dict[st
     return argv, dict(os.environ, EXECD_TOKEN=token)
 
 
-def remove_kept_log(stdout: str) -> str:
-    """Remove the directory of the execd log a run says it kept (``execd's log kept: PATH``).
+def assert_no_log_kept(stdout: str) -> None:
+    """After a run whose execd closed cleanly: execd's directory is gone and no log was kept.
 
-    Returns what the log held. A run that does not finish keeps the log for whoever
-    looks into it; a test that has looked removes it.
+    However the model's part ended (finished, failed, interrupted), the run
+    printed where execd's log was (``execd's log: PATH (...)``), and that
+    directory is gone with it.
     """
-    kept = re.search(r"^execd's log kept: (\S+)$", stdout, re.MULTILINE)
-    assert kept is not None, stdout
-    text = Path(kept.group(1)).read_text()
-    shutil.rmtree(os.path.dirname(kept.group(1)))
-    return text
+    assert "execd's log kept" not in stdout, stdout
+    log = re.search(r"^execd's log: (\S+) \(kept only if execd fails\)$", stdout, re.MULTILINE)
+    assert log is not None, stdout
+    assert not os.path.exists(os.path.dirname(log.group(1)))
 
 
 def read_until(stream: IO[str], pattern: str, deadline: float) -> str:

@@ -28,6 +28,7 @@ LEFT_OUT = {
     "harnessd.cli_common": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_exec": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_mcp": "the command line, rendered from its parser in cli.rst",
+    "harnessd.cli_gc": "the command line, rendered from its parser in cli.rst",
     "harnessd.cli_tty": "the command line, rendered from its parser in cli.rst",
     "harnessd.demo": "the demo command (docs/cli.md)",
     "protocol.fuzz.__main__": "the command line, rendered from its parser in cli.rst",

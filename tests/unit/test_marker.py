@@ -661,6 +661,8 @@ def test_cleanup_main_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtu
 def test_cleanup_main_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert cleanup_main(["--marker", new_marker(), "--timeout", "0"]) == 0
     line = json.loads(capsys.readouterr().out)
+    # Stale cgroups of dead execds go too; how many depends on what else ran here.
+    assert isinstance(line.pop("stale_cgroups_removed"), int)
     assert line == {"event": "cleanup", "killed": 0, "remaining": [], "rounds": 0}
 
 
@@ -692,12 +694,9 @@ def test_cleanup_main_default_var_as_command(tmp_path: Path) -> None:
             timeout=60,
         )
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout) == {
-            "event": "cleanup",
-            "killed": 1,
-            "remaining": [],
-            "rounds": 1,
-        }
+        line = json.loads(out.stdout)
+        assert isinstance(line.pop("stale_cgroups_removed"), int)
+        assert line == {"event": "cleanup", "killed": 1, "remaining": [], "rounds": 1}
         assert _dead(proc) == -signal.SIGKILL
     finally:
         sess.close()
