@@ -1,6 +1,6 @@
 """The whole bench in one run: every section, one table, JSON and the pictures.
 
-``python -m bench [--quick] [--out DIR] [--tmp DIR] [--only SECTION] [--no-plot]``
+``python -m bench [--quick] [--out DIR] [--tmp DIR] [--only SECTION] [--sshd PATH] [--no-plot]``
 and ``harnessd bench`` (same options) start the raw floor servers and one
 execd, run the sections in order, compute every ratio against the baselines
 measured in the same run, and write ``bench.md`` (the headline of
@@ -30,6 +30,7 @@ from bench import (
     roundtrip,
     runner,
     scale,
+    ssh_peer,
     swerex_peer,
     transfer,
     turn,
@@ -128,6 +129,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "model.floor_lan",
     "model.turn_lan",
     *swerex_peer.ROW_KEYS,
+    *ssh_peer.ROW_KEYS,
 )
 
 
@@ -153,6 +155,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("scale", scale.run),
     ("model", model_turn.run),
     ("swerex", swerex_peer.run),
+    ("ssh", ssh_peer.run),
 )
 
 
@@ -204,7 +207,8 @@ async def run_suite(
         "other sections.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
-        "Section 12 times an execd of its own beside SWE-ReX.",
+        "Sections 12 and 13 time an execd of their own beside SWE-ReX and OpenSSH; OpenSSH's "
+        "sessions get an empty HOME, so no login shell startup file is timed.",
     ]
     return Report(
         rows=rows,
@@ -239,7 +243,7 @@ assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed options, write the outputs, print the table."""
-    settings = quick(args.tmp) if args.quick else full(args.tmp)
+    settings = quick(args.tmp, args.sshd) if args.quick else full(args.tmp, args.sshd)
     only = frozenset(args.only) if args.only else None
     report = runner.run(run_suite(settings, only=only), "bench")
     written = report.write(Path(args.out), plot=not args.no_plot)

@@ -2,13 +2,15 @@
 
 This checks that the bench works, not how fast anything is: no target is
 asserted (a quick run gives no verdicts). It runs the real bench (real
-execd, real baseline servers on loopback) in a subprocess, as a user would.
+execd, real baseline servers on loopback, the machine's sshd when it has
+one) in a subprocess, as a user would.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,12 +19,16 @@ from typing import Any
 
 import pytest
 
-from bench import swerex_peer
+from bench import ssh_peer, swerex_peer
+from bench.agents import processes_mentioning
 from bench.suite import ROW_KEYS
+from tests.support.procs import state
 
+#: The OpenSSH section runs wherever sshd is installed (./check installs it as root).
+SSH_HERE = ssh_peer.unavailable_reason(None) is None
 #: Every row a run writes but SWE-ReX's (absent when its client cannot be imported, or an
-#: operation it failed, which the report says).
-PEER = [key for key in ROW_KEYS if key.startswith("swerex.")]
+#: operation it failed, which the report says) and, without sshd, OpenSSH's.
+PEER = [key for key in ROW_KEYS if key.startswith("swerex.") or (not SSH_HERE and "ssh." in key)]
 REQUIRED = [key for key in ROW_KEYS if key not in PEER]
 
 
@@ -35,8 +41,10 @@ def _expected(data: dict[str, Any]) -> list[str]:
     } and len(present) % 2 == 0
     # What is missing, the report says.
     skipped = {skip["section"] for skip in data["skipped"]}
-    if len(present) < len(PEER):
+    if len(present) < len([key for key in PEER if key.startswith("swerex.")]):
         assert swerex_peer.SECTION in skipped
+    if not SSH_HERE:
+        assert ssh_peer.SECTION in skipped
     return [key for key in ROW_KEYS if key in REQUIRED or key in present]
 
 
@@ -133,6 +141,7 @@ def test_markdown_headline_table_and_plot(quick_run: QuickRun) -> None:
     assert f"{data['facts']['cores']} cores" in machine
     assert f"Python {data['facts']['python']}" in machine
     assert f"uvloop {data['facts']['uvloop']}" in machine
+    assert ("OpenSSH_" in machine) == SSH_HERE
     start = lines.index("| figure | p50 | p99 | ratio (p50) |")
     assert "| met |" not in text and "**missed**" not in text
     table_rows = [
@@ -155,14 +164,35 @@ def test_the_headline_has_every_call_beside_the_floor_and_the_baselines(
     assert set(figures["no-op"]) >= {"execd", "floor", "FastAPI (HTTP)", "gRPC"}
     assert set(figures["`true`"]) >= {"execd", "floor"}
     assert set(figures["4 KiB read"]) >= {"execd", "floor"}
-    for call, key in (("`true`", "swerex.true"), ("4 KiB read", "swerex.read")):
-        if f"{key}.swerex" in rows:
-            figure = figures[call]["SWE-ReX"]
-            assert figure["p50_ms"] == pytest.approx(rows[f"{key}.swerex"]["p50"])
-            ratio = rows[f"{key}.swerex"]["p50"] / rows[f"{key}.execd"]["p50"]
+    peers = [("SWE-ReX", "swerex", "swerex"), *([("OpenSSH", "ssh", "ssh")] if SSH_HERE else [])]
+    for column, prefix, peer in peers:
+        for call, op in (("`true`", "true"), ("4 KiB read", "read")):
+            row = rows.get(f"{prefix}.{op}.{peer}")
+            if row is None:
+                # Only SWE-ReX may leave an operation out (and the report says so).
+                assert prefix == "swerex"
+                continue
+            figure = figures[call][column]
+            assert figure["p50_ms"] == pytest.approx(row["p50"])
+            ratio = row["p50"] / rows[f"{prefix}.{op}.execd"]["p50"]
             assert figure["times_execd"] == pytest.approx(ratio)
     for cells in figures.values():
         for figure in cells.values():
             assert _number(figure["p50_ms"]) and figure["p50_ms"] > 0
     table = (out / "bench.md").read_text(encoding="utf-8").split("\n\n")[1].splitlines()
     assert [line.split(" | ")[0] for line in table[2:]] == [f"| {call}" for call in figures]
+
+
+@pytest.mark.skipif(not SSH_HERE, reason=f"no OpenSSH here: {ssh_peer.unavailable_reason(None)}")
+def test_the_openssh_section_ran_and_left_no_sshd_and_no_directory(quick_run: QuickRun) -> None:
+    data = quick_run.data
+    assert set(ssh_peer.ROW_KEYS) <= {row["key"] for row in data["rows"]}
+    assert data["facts"]["openssh"].startswith("OpenSSH_")
+    started = [
+        found for line in quick_run.stderr.splitlines() if (found := ssh_peer.announced(line))
+    ]
+    assert len(started) == 1, quick_run.stderr[-4000:]
+    pid, directory = started[0]
+    assert state(pid) is None
+    assert not os.path.exists(directory)
+    assert processes_mentioning(directory) == []
