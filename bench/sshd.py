@@ -159,21 +159,21 @@ def sshd_version(path: str) -> str:
     return found.group().decode() if found else "OpenSSH (version unknown)"
 
 
-def login_user() -> tuple[str, str]:
-    """The name and login shell of the user this process runs as; unavailable if it has none."""
+def login_user() -> str:
+    """The name of the user this process runs as; unavailable without a login shell for commands."""
     entry = pwd.getpwuid(os.geteuid())
     shell = entry.pw_shell or "/bin/sh"
     if os.path.basename(shell) in ("nologin", "false") or not os.access(shell, os.X_OK):
         raise SshdUnavailable(
             f"the login shell of {entry.pw_name} is {shell}, which cannot run sshd's commands"
         )
-    return entry.pw_name, shell
+    return entry.pw_name
 
 
 @contextlib.asynccontextmanager
 async def start_sshd(sshd: str, scratch: str) -> AsyncIterator[Sshd]:
     """Run ``sshd`` on loopback with a directory of its own under ``scratch`` until the block exits."""
-    user, _ = login_user()
+    user = login_user()
     directory, host_key, client_key = _prepare(scratch)
     try:
         proc, port = await _listen(sshd, directory, user)
