@@ -20,6 +20,7 @@ SECTION_NAMES: Final = (
     "scale",
     "model",
     "swerex",
+    "ssh",
 )
 
 
@@ -35,7 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"output directory (default ./{DEFAULT_OUT}, under the current directory)",
     )
     parser.add_argument("--tmp", default=None, help="scratch directory (default $TMPDIR or /tmp)")
-    parser.add_argument("--no-plot", action="store_true", help="do not write bench.png")
+    parser.add_argument(
+        "--no-plot", action="store_true", help="do not write bench.png and bench-targets.png"
+    )
+    parser.add_argument(
+        "--sshd",
+        default=None,
+        metavar="PATH",
+        help="the sshd of the OpenSSH section (default: sshd on PATH, else /usr/sbin/sshd)",
+    )
     parser.add_argument(
         "--only",
         action="append",

@@ -4,7 +4,10 @@ A :class:`Row` is one figure: its p50 and p99 in its unit, the keys of the
 baseline rows it is compared with (ratios are p50 over p50, computed by
 :func:`link_ratios`), and optionally a :class:`Target`. Rates (unit ending in
 ``/s``) compare the other way round: their ratio is this rate over the
-baseline's, so 0.5 means half the baseline's throughput.
+baseline's, so 0.5 means half the baseline's throughput. A :class:`Skip` is a
+section, or a part of one, that could not run, and why: the report lists them
+under its headline (:mod:`bench.headline`). A quick run's samples are too
+small to judge a target by: its report shows the figures without verdicts.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from bench.stats import Summary
+from bench import headline
+from bench.stats import Summary, with_unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,14 @@ class Target:
         if self.higher_is_better:
             return self.limit / self.value if self.value > 0 else float("inf")
         return self.value / self.limit if self.limit > 0 else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A section, or a part of one, that did not run, and why."""
+
+    section: str
+    reason: str
 
 
 @dataclass(slots=True)
@@ -173,6 +185,7 @@ def machine_facts() -> dict[str, str]:
         "httpx",
         "grpcio",
         "swe-rex",
+        "asyncssh",
     ):
         try:
             facts[name] = importlib.metadata.version(name)
@@ -202,6 +215,7 @@ class Report:
     seconds: float
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    skipped: list[Skip] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: facts, settings and every row."""
@@ -211,7 +225,12 @@ class Report:
             item["target"] = (
                 None
                 if row.target is None
-                else {**asdict(row.target), "met": row.target.met, "budget": row.target.budget}
+                else {
+                    **asdict(row.target),
+                    # A quick run's samples are too small to judge by.
+                    "met": None if self.quick else row.target.met,
+                    "budget": row.target.budget,
+                }
             )
             rows.append(item)
         return {
@@ -220,54 +239,99 @@ class Report:
             "seconds": self.seconds,
             "started": self.started,
             "notes": self.notes,
+            "headline": headline.to_json(self),
+            "skipped": [asdict(skip) for skip in self.skipped],
             "rows": rows,
         }
 
     def to_markdown(self) -> str:
-        """The table, with the machine facts above it."""
-        facts = self.facts
-        lines = [
-            f"Machine: {facts.get('cores')} cores ({facts.get('cpu')}), Linux "
-            f"{facts.get('kernel')}, Python {facts.get('python')}, uvloop {facts.get('uvloop')}, "
-            f"msgspec {facts.get('msgspec')}; baselines: FastAPI {facts.get('fastapi')} on "
-            f"uvicorn {facts.get('uvicorn')} + httpx {facts.get('httpx')}, grpcio "
-            f"{facts.get('grpcio')}, SWE-ReX {facts.get('swe-rex')}. {'Quick run' if self.quick else 'Full run'} in "
-            f"{self.seconds:.0f} s, everything on loopback.",
-            "",
-            "| figure | p50 | p99 | ratio (p50) | target | met |",
-            "| --- | ---: | ---: | --- | --- | :---: |",
-        ]
+        """The headline, what did not run, the machine facts and the table."""
+        lines = [*headline.markdown(self), *self._skipped_lines(), self._machine_line(), ""]
+        if self.quick:
+            lines += [
+                "Quick run: samples too small to judge a target by, so no verdicts.",
+                "",
+                "| figure | p50 | p99 | ratio (p50) |",
+                "| --- | ---: | ---: | --- |",
+            ]
+        else:
+            lines += [
+                "| figure | p50 | p99 | ratio (p50) | target | met |",
+                "| --- | ---: | ---: | --- | --- | :---: |",
+            ]
         by_key = {row.key: row for row in self.rows}
         section = None
         for row in self.rows:
             if row.section != section:
                 section = row.section
-                lines.append(f"| **{section}** | | | | | |")
+                lines.append(f"| **{section}** | | | |" + ("" if self.quick else " | |"))
             ratios = ", ".join(
                 _ratio_text(row, by_key[key], value) for key, value in row.ratios.items()
             )
-            target = row.target.text if row.target else ""
-            met = "" if row.target is None else ("met" if row.target.met else "**missed**")
             label = row.label + (f" ({row.note})" if row.note else "")
-            lines.append(
-                f"| {label} | {_fmt(row.p50, row.unit)} | {_fmt(row.p99, row.unit)} | "
-                f"{ratios} | {target} | {met} |"
-            )
+            line = f"| {label} | {with_unit(row.p50, row.unit)} | {with_unit(row.p99, row.unit)} | {ratios} |"
+            if not self.quick:
+                target = row.target.text if row.target else ""
+                met = "" if row.target is None else ("met" if row.target.met else "**missed**")
+                line += f" {target} | {met} |"
+            lines.append(line)
         if self.notes:
             lines.append("")
             lines.extend(f"- {note}" for note in self.notes)
         return "\n".join(lines) + "\n"
 
+    def _skipped_lines(self) -> list[str]:
+        if not self.skipped:
+            return []
+        lines = ["Not measured:", ""]
+        lines += [f"- {skip.section}: {skip.reason}" for skip in self.skipped]
+        return [*lines, ""]
+
+    def _machine_line(self) -> str:
+        facts = self.facts
+        run = "Quick run" if self.quick else "Full run"
+        return (
+            f"Machine: {facts.get('cores')} cores ({facts.get('cpu')}), Linux "
+            f"{facts.get('kernel')}, Python {facts.get('python')}, uvloop {facts.get('uvloop')}, "
+            f"msgspec {facts.get('msgspec')}{self._baselines_text()}. {run} in "
+            f"{self.seconds:.0f} s, everything on loopback."
+        )
+
+    def _baselines_text(self) -> str:
+        """The baselines this report has rows of, with their versions (none that did not run)."""
+        facts = self.facts
+        keys = {row.key for row in self.rows}
+        named = []
+        if "noop.http" in keys:
+            named.append(
+                f"FastAPI {facts.get('fastapi')} on uvicorn {facts.get('uvicorn')} + httpx "
+                f"{facts.get('httpx')}"
+            )
+        if "noop.grpc" in keys:
+            named.append(f"grpcio {facts.get('grpcio')}")
+        if any(key.startswith("swerex.") for key in keys):
+            named.append(f"SWE-ReX {facts.get('swe-rex')}")
+        if any(key.startswith("ssh.") for key in keys):
+            named.append(f"{facts.get('openssh')} + asyncssh {facts.get('asyncssh')}")
+        return f"; baselines: {', '.join(named)}" if named else ""
+
     def write(self, out_dir: Path, *, plot: bool = True) -> list[Path]:
-        """Write bench.md, bench.json and (with matplotlib) bench.png; return the paths."""
+        """Write bench.md, bench.json and (with matplotlib) the pictures; return the paths.
+
+        ``bench.png`` is the headline's latencies; a full run also writes
+        ``bench-targets.png``, how much of each target's allowance is used.
+        """
         out_dir.mkdir(parents=True, exist_ok=True)
         written = [out_dir / "bench.md", out_dir / "bench.json"]
         written[0].write_text(self.to_markdown(), encoding="utf-8")
         written[1].write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
         if plot:
-            png = out_dir / "bench.png"
-            if write_plot(self, png):
-                written.append(png)
+            pictures = [(out_dir / "bench.png", headline.write_plot)]
+            if not self.quick:
+                pictures.append((out_dir / "bench-targets.png", write_plot))
+            for path, draw in pictures:
+                if draw(self, path):
+                    written.append(path)
         return written
 
 
@@ -276,16 +340,6 @@ def _ratio_text(row: Row, base: Row, value: float) -> str:
     if row.is_rate:
         return f"{value:.2f} of {name}"
     return f"{value:.2f}x {name}"
-
-
-def _fmt(value: float, unit: str) -> str:
-    if value >= 100:
-        text = f"{value:,.0f}"
-    elif value >= 10:
-        text = f"{value:.1f}"
-    else:
-        text = f"{value:.2f}"
-    return f"{text} {unit}"
 
 
 def write_plot(report: Report, path: Path) -> bool:

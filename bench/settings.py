@@ -38,6 +38,8 @@ class Settings:
     turns: int
     sequential_turns: int
     tmp_dir: str
+    sshd: str | None = None
+    """The sshd of the OpenSSH section; None: sshd on PATH, else where Debian puts it."""
 
     @property
     def stream_label(self) -> str:
@@ -68,19 +70,19 @@ RUNS: Final[dict[str, tuple[Any, Any]]] = {
 (every row, small counts and sizes, seconds)."""
 
 
-def full(tmp_dir: str | None = None) -> Settings:
+def full(tmp_dir: str | None = None, sshd: str | None = None) -> Settings:
     """The full run: a few minutes on 2 cores."""
-    return _run(False, tmp_dir)
+    return _run(False, tmp_dir, sshd)
 
 
-def quick(tmp_dir: str | None = None) -> Settings:
+def quick(tmp_dir: str | None = None, sshd: str | None = None) -> Settings:
     """The quick run: every row, small counts and sizes, seconds."""
-    return _run(True, tmp_dir)
+    return _run(True, tmp_dir, sshd)
 
 
-def _run(is_quick: bool, tmp_dir: str | None) -> Settings:
+def _run(is_quick: bool, tmp_dir: str | None, sshd: str | None) -> Settings:
     values = {name: pair[is_quick] for name, pair in RUNS.items()}
-    return Settings(quick=is_quick, tmp_dir=tmp_dir or default_tmp(), **values)
+    return Settings(quick=is_quick, tmp_dir=tmp_dir or default_tmp(), sshd=sshd, **values)
 
 
 def default_tmp() -> str:

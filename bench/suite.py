@@ -1,12 +1,15 @@
-"""The whole bench in one run: every section, one table, JSON and a plot.
+"""The whole bench in one run: every section, one table, JSON and the pictures.
 
-``python -m bench [--quick] [--out DIR] [--tmp DIR] [--no-plot]`` and
-``harnessd bench`` (same options) start the raw floor servers and one execd,
-run the sections in order, compute every ratio against the baselines measured
-in the same run, and write ``bench.md``, ``bench.json`` and (with matplotlib)
-``bench.png`` into the output directory (default ``bench-results/`` under the
-current directory). The table is printed too. The exit status is 0 when the bench ran, whatever the
-targets say: the table tells which were met.
+``python -m bench [--quick] [--out DIR] [--tmp DIR] [--only SECTION] [--sshd PATH] [--no-plot]``
+and ``harnessd bench`` (same options) start the raw floor servers and one
+execd, run the sections in order, compute every ratio against the baselines
+measured in the same run, and write ``bench.md`` (the headline of
+:mod:`bench.headline` first, then what did not run and why, then the table),
+``bench.json`` and (with matplotlib) ``bench.png`` and, for a full run,
+``bench-targets.png`` into the output directory (default ``bench-results/``
+under the current directory). The report is printed too. The exit status is
+0 when the bench ran, whatever the targets say: a full run's table tells
+which were met; a quick run's gives no verdicts.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bench import (
     roundtrip,
     runner,
     scale,
+    ssh_peer,
     swerex_peer,
     transfer,
     turn,
@@ -36,7 +40,7 @@ from bench.baselines import missing_packages
 from bench.env import Env
 from bench.execd_proc import start_execd
 from bench.options import SECTION_NAMES, add_arguments
-from bench.report import Report, Row, link_ratios, machine_facts
+from bench.report import Report, Row, Skip, link_ratios, machine_facts
 from bench.servers import start_server
 from bench.settings import Settings, full, quick
 from harnessd import connect
@@ -125,6 +129,7 @@ ROW_KEYS: Final[tuple[str, ...]] = (
     "model.floor_lan",
     "model.turn_lan",
     *swerex_peer.ROW_KEYS,
+    *ssh_peer.ROW_KEYS,
 )
 
 
@@ -150,6 +155,7 @@ SECTIONS: Final[tuple[tuple[str, Section], ...]] = (
     ("scale", scale.run),
     ("model", model_turn.run),
     ("swerex", swerex_peer.run),
+    ("ssh", ssh_peer.run),
 )
 
 
@@ -165,19 +171,22 @@ async def run_suite(
         )
     started = time.perf_counter()
     rows: list[Row] = []
+    skipped: list[Skip] = []
+    facts: dict[str, str] = {}
     workdir = tempfile.mkdtemp(prefix="bench-workspace-", dir=settings.tmp_dir)
     try:
         async with (
             start_server("raw", "--scratch", workdir) as raw,
             start_execd(workdir) as execd,
         ):
-            env = Env(settings=settings, workdir=workdir, execd=execd, raw=raw)
+            env = Env(settings=settings, workdir=workdir, execd=execd, raw=raw, skipped=skipped)
             # Sections that start execds of their own can outlast the shared one's
             # lease on a loaded machine: one connection with keepalive holds it.
             holder = await connect(execd.host, execd.port, execd.token, keepalive=5.0)
             try:
                 await _run_sections(env, only, progress, rows)
             finally:
+                facts.update(env.facts)
                 await holder.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -198,13 +207,16 @@ async def run_suite(
         "other sections.",
         "Section 9's harness is a fresh process of its own (python -m bench.scale) with its "
         "own execds; section 10 starts one execd per session (python -m bench.agents).",
+        "Sections 12 and 13 time an execd of their own beside SWE-ReX and OpenSSH; OpenSSH's "
+        "sessions get an empty HOME, so no login shell startup file is timed.",
     ]
     return Report(
         rows=rows,
-        facts=machine_facts(),
+        facts={**machine_facts(), **facts},
         quick=settings.quick,
         seconds=time.perf_counter() - started,
         notes=notes,
+        skipped=skipped,
     )
 
 
@@ -231,7 +243,7 @@ assert tuple(name for name, _ in SECTIONS) == SECTION_NAMES
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run with parsed options, write the outputs, print the table."""
-    settings = quick(args.tmp) if args.quick else full(args.tmp)
+    settings = quick(args.tmp, args.sshd) if args.quick else full(args.tmp, args.sshd)
     only = frozenset(args.only) if args.only else None
     report = runner.run(run_suite(settings, only=only), "bench")
     written = report.write(Path(args.out), plot=not args.no_plot)

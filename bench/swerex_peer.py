@@ -12,12 +12,15 @@ interleaved batches, client on the bench's uvloop:
 * ``true`` as a subprocess: ``execute(Command(["true"]))`` beside ``shell.run``;
 * ``true`` in a persistent shell: ``run_in_session(BashAction("true"))``
   beside ``sessions.run``;
-* a 4 KiB file written then read back (text: SWE-ReX moves strings, and
-  writes in place without fsync) beside ``files.write`` (``atomic=False``,
-  the same semantics) + ``files.read``.
+* a 4 KiB file read (text: SWE-ReX moves strings) beside ``files.read``;
+* a 4 KiB file written then read back (SWE-ReX writes in place without
+  fsync) beside ``files.write`` (``atomic=False``, the same semantics) +
+  ``files.read``.
 
-Without SWE-ReX installed the section is skipped with one line on stderr and
-its rows are absent.
+When SWE-ReX's client cannot be imported (it is not installed, or aiohttp,
+which it needs but does not declare, is missing) the section is skipped and
+the report says why; an operation SWE-ReX fails leaves its rows out, also
+said in the report (:mod:`bench.peers`).
 
 ``python -m bench.swerex_peer`` is the server (it reads the token as the
 first line of stdin, prints ``{"event": "listening", "port": N}`` and serves
@@ -28,36 +31,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
+import importlib
 import json
 import os
 import secrets
 import socket
 import sys
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Final
 
 from bench.env import Env
 from bench.execd_proc import ExecdProcess, start_execd
+from bench.peers import Operation, Peer
 from bench.report import Row
 from bench.settings import HOST
-from bench.stats import Call, interleaved, summarize
+from bench.stats import Call
+from harnessd.cli_bench import install_command
 
-SECTION: Final = "12. SWE-ReX (swerex-remote + RemoteRuntime) beside execd, same operations"
-SIZE: Final = 4096
-#: (key, what it measures) in table order; each has an execd row and a SWE-ReX row.
-OPERATIONS: Final = (
-    ("noop", "no-op (execd server.noop; SWE-ReX is_alive)"),
-    ("true", "`true` as a command (execd shell.run; SWE-ReX execute)"),
-    ("session", "`true` in a persistent shell (execd sessions.run; SWE-ReX run_in_session)"),
-    ("files", "4 KiB file written in place then read back"),
+PEER: Final = Peer(
+    section="12. SWE-ReX (swerex-remote + RemoteRuntime) beside execd, same operations",
+    prefix="swerex",
+    name="SWE-ReX",
+    key="swerex",
+    operations=(
+        Operation("noop", "no-op (execd server.noop; SWE-ReX is_alive)", 600, 20),
+        Operation("true", "`true` as a command (execd shell.run; SWE-ReX execute)", 200, 10),
+        Operation(
+            "session",
+            "`true` in a persistent shell (execd sessions.run; SWE-ReX run_in_session)",
+            40,
+            4,
+        ),
+        Operation("read", "4 KiB file read (execd files.read; SWE-ReX read_file)", 200, 10),
+        Operation("files", "4 KiB file written in place then read back", 200, 10),
+    ),
 )
-ROW_KEYS: Final = tuple(f"swerex.{op}.{who}" for op, _ in OPERATIONS for who in ("execd", "swerex"))
+SECTION: Final = PEER.section
+SIZE: Final = 4096
+ROW_KEYS: Final = PEER.row_keys
 
 
-def installed() -> bool:
-    """Whether SWE-ReX can be measured here."""
-    return importlib.util.find_spec("swerex") is not None
+def unavailable() -> str | None:
+    """Why SWE-ReX cannot be measured here, or None when it can."""
+    try:
+        importlib.import_module("swerex.runtime.remote")
+    except ImportError as exc:
+        return f"SWE-ReX's client cannot be imported ({exc}); install the bench extra: {install_command()}"
+    return None
 
 
 def serve() -> None:
@@ -107,12 +127,10 @@ async def _server(workdir: str) -> AsyncIterator[tuple[int, str]]:
 
 
 async def run(env: Env) -> list[Row]:
-    """Both peers on each operation, interleaved; empty when SWE-ReX is not installed."""
-    if not installed():
-        print(
-            "bench: SWE-ReX not installed, section 11 skipped (pip install -e '.[bench]')",
-            file=sys.stderr,
-        )
+    """Both peers on each operation, interleaved; no rows (and why, in the report) without SWE-ReX."""
+    reason = unavailable()
+    if reason is not None:
+        env.skip(SECTION, reason)
         return []
     text = "x" * (SIZE - 1) + "\n"
     path = env.path("swerex-file.txt")
@@ -123,7 +141,7 @@ async def run(env: Env) -> list[Row]:
     except Exception as exc:
         # A peer's failure (SWE-ReX's session times out waiting for its prompt on a
         # loaded machine) leaves its rows out, not the whole run's.
-        print(f"bench: SWE-ReX section failed, rows left out: {exc!r}", file=sys.stderr)
+        env.skip(SECTION, f"SWE-ReX failed, rows left out: {exc!r}")
         return []
 
 
@@ -146,19 +164,25 @@ async def _measure(env: Env, execd: ExecdProcess, path: str, text: str) -> list[
             await rex.create_session(CreateBashSessionRequest(session="bench"))
             await client.open_session("bench-swerex")
 
-            async def rex_files() -> object:
-                await rex.write_file(WriteFileRequest(path=path, content=text))
+            async def rex_read() -> object:
                 got = await rex.read_file(ReadFileRequest(path=path))
                 if got.content != text:
                     raise RuntimeError("SWE-ReX read back other content")
                 return got
 
-            async def execd_files() -> object:
-                # SWE-ReX writes in place without fsync: the same as atomic=False.
-                await client.write_file(path, data, atomic=False)
+            async def rex_files() -> object:
+                await rex.write_file(WriteFileRequest(path=path, content=text))
+                return await rex_read()
+
+            async def execd_read() -> object:
                 if await client.read_file(path) != data:
                     raise RuntimeError("execd read back other content")
                 return None
+
+            async def execd_files() -> object:
+                # SWE-ReX writes in place without fsync: the same as atomic=False.
+                await client.write_file(path, data, atomic=False)
+                return await execd_read()
 
             async def rex_true() -> object:
                 return await rex.execute(Command(command=["true"], shell=False))
@@ -173,29 +197,19 @@ async def _measure(env: Env, execd: ExecdProcess, path: str, text: str) -> list[
             async def execd_session() -> object:
                 return await client.session_run("bench-swerex", "true")
 
+            await client.write_file(path, data, atomic=False)
             pairs: dict[str, tuple[Call, Call]] = {
                 "noop": (client.noop, rex.is_alive),
                 "true": (execd_true, rex_true),
                 "session": (execd_session, rex_session),
+                "read": (execd_read, rex_read),
                 "files": (execd_files, rex_files),
             }
-            counts = _counts(env.settings.quick)
             rows: list[Row] = []
-            for op, label in OPERATIONS:
-                execd_call, rex_call = pairs[op]
-                try:
-                    samples = await interleaved(
-                        {"execd": execd_call, "swerex": rex_call},
-                        {"execd": counts[op], "swerex": counts[op]},
-                        rounds=max(2, counts[op] // 25),
-                        warmup=3,
-                    )
-                except Exception as exc:
-                    # SWE-ReX waits 0.1 s for its shell's prompt, which a loaded
-                    # machine can miss: that operation's rows are left out.
-                    print(f"bench: SWE-ReX {op} failed, rows left out: {exc!r}", file=sys.stderr)
-                    continue
-                rows += _rows(op, label, samples)
+            for op in PEER.operations:
+                # SWE-ReX waits 0.1 s for its shell's prompt, which a loaded machine
+                # can miss: that operation's rows are left out, and the report says so.
+                rows += await PEER.measure(env, op, *pairs[op.key])
             with contextlib.suppress(Exception):
                 await rex.close()
     finally:
@@ -203,36 +217,6 @@ async def _measure(env: Env, execd: ExecdProcess, path: str, text: str) -> list[
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return rows
-
-
-def _counts(quick: bool) -> dict[str, int]:
-    if quick:
-        return {"noop": 20, "true": 10, "session": 4, "files": 10}
-    return {"noop": 600, "true": 200, "session": 40, "files": 200}
-
-
-def _rows(op: str, label: str, samples: dict[str, list[float]]) -> list[Row]:
-    execd, rex = (
-        summarize([s / 1000 for s in samples["execd"]]),
-        summarize([s / 1000 for s in samples["swerex"]]),
-    )
-    common: dict[str, Any] = {"section": SECTION, "unit": "ms"}
-    return [
-        Row(
-            key=f"swerex.{op}.execd",
-            label=f"execd: {label}",
-            short="execd",
-            **execd.figures(),
-            **common,
-        ),
-        Row(
-            key=f"swerex.{op}.swerex",
-            label=f"SWE-ReX: {label}",
-            **rex.figures(),
-            baselines=(f"swerex.{op}.execd",),
-            **common,
-        ),
-    ]
 
 
 if __name__ == "__main__":

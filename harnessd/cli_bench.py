@@ -32,10 +32,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "bench",
         help="measure tool-call latency and throughput against the floor and the alternatives",
         description=(
-            "Measure execd on loopback beside a raw uvloop floor, FastAPI/uvicorn and gRPC; "
-            "write bench.md, bench.json and bench.png into --out. The baselines need the "
-            "'bench' extra: in a checkout of splitexec, pip install -e '.[bench]' (or "
-            "pip install '/path/to/checkout[bench]' for an install that is not editable)."
+            "Measure execd on loopback beside a raw uvloop floor, FastAPI/uvicorn, gRPC, "
+            "SWE-ReX and OpenSSH's sshd; write bench.md, bench.json and bench.png into --out. "
+            "The baselines need the 'bench' extra: in a checkout of splitexec, "
+            "pip install -e '.[bench]' (or pip install '/path/to/checkout[bench]' for an install "
+            "that is not editable); without sshd (Debian: openssh-server) the OpenSSH section is "
+            "skipped, and the report says so."
         ),
     )
     add_arguments(parser)
