@@ -15,8 +15,9 @@ through an object implementing :class:`Runtime`. Two implementations ship:
 An embedding framework can pass its own object instead; it only has to
 provide the four coroutines of :class:`Runtime`. A runtime whose
 ``start_background`` itself appends execd's ``exited`` line when the command
-ends says so with a true ``supervises`` attribute; the launcher then starts
-execd without its ``/bin/sh`` supervisor
+ends, and enters a working directory it is given, is a
+:class:`SupervisingRuntime` and says so with a true ``supervises`` attribute;
+the launcher then starts execd without its ``/bin/sh`` supervisor
 (:class:`harnessd.worker_runtime.WorkerToolRuntime`, for workspaces without a
 shell). Secrets travel as file
 content (``write_file`` data, on stdin for wrapped commands), never in argv or
@@ -129,6 +130,26 @@ class Runtime(Protocol):
         any instant. With ``make_parents`` the missing parent directories are
         created first with mode 0700.
         """
+        ...
+
+
+@runtime_checkable
+class SupervisingRuntime(Runtime, Protocol):
+    """A :class:`Runtime` that supervises what it starts in the background (``supervises``).
+
+    Its ``start_background`` appends ``{"event": "exited", "code": N,
+    "source": "supervisor"}`` to the log once the command ends (``N`` as a
+    shell reports it), and with ``cwd`` starts the command in that directory;
+    when the directory cannot be entered the command is not started and the
+    line has code 126 (and an ``error``), as a shell's ``cd DIR || exit 126``.
+    """
+
+    supervises: bool
+
+    async def start_background(
+        self, argv: Sequence[str], *, log_path: str, cwd: str | None = None
+    ) -> None:
+        """Start ``argv`` detached and supervised, in ``cwd`` when given; see :class:`Runtime`."""
         ...
 
 

@@ -105,10 +105,13 @@ async def test_bare_image_runs_the_contract_and_leaves_nothing(docker: Docker) -
     async with docker.workspace(image=BARE) as workspace:
         installed = workspace.installed
         assert installed is not None and installed.bare and not installed.uploaded
-        async with workspace.serve() as session:
+        # No shell to enter the directory given to serve: the worker's supervisor does.
+        async with workspace.serve(cwd="/usr/local") as session:
             client = session.client
             echoed = await client.run([TESTBIN_PATH, "echo", "no", "shell"])
             assert (echoed.exit_code, _text(echoed.stdout)) == (0, "no shell")
+            here = await client.run([TESTBIN_PATH, "pwd"])
+            assert _text(here.stdout) == "/usr/local"
             moved = await client.run([TESTBIN_PATH, "pwd"], cwd="/tmp")
             assert _text(moved.stdout) == "/tmp"
             limited = await client.run([TESTBIN_PATH, "nofile"], limits={"open_files": 64})
