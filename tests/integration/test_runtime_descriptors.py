@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from harnessd.launcher import serve
-from harnessd.runtime import CommandPrefixRuntime, run_process
+from harnessd.runtime import CommandPrefixRuntime, WorkspaceError, run_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -105,3 +106,18 @@ async def test_execd_started_through_a_prefix_holds_nothing_of_the_harness(
         assert not held & set(execd_fds.values()), execd_fds
         ran = await session.client.run(["true"])
         assert ran.exit_code == 0
+
+
+async def test_the_exit_is_awaited_where_there_is_no_pidfd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kernels before 5.3 have no pidfd_open: a thread waits for the command instead."""
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    result = await run_process([sys.executable, "-c", "import sys; sys.exit(7)"])
+    assert result.exit_code == 7
+    with pytest.raises(WorkspaceError, match="timed out"):
+        await run_process(["sleep", "30"], timeout=0.5)
