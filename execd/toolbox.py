@@ -29,15 +29,19 @@ Commands (a failure prints one line on stderr and exits 1; a usage error exits 2
     stdin into a *new* file (never an existing one, never through a symbolic
     link), mode 0600 until the whole content is written, then ``MODE``
     (default 0600); ``-p`` first makes the missing parents with mode 0700.
-``start [--settle SECONDS] LOG [--] ARGV...``
+``start [--settle SECONDS] [--cwd DIR] LOG [--] ARGV...``
     Start ``ARGV`` detached (a session of its own, stdin on ``/dev/null``,
     stdout and stderr appended to ``LOG``, created 0600) under a supervisor
     that appends ``{"event": "exited", "code": N, "source": "supervisor"}``
     once it ends (``N`` as a shell reports it: 128 + the signal's number after
-    a signal). Returns once ``ARGV`` has been started, or fails with the reason
-    it could not be; with ``--settle``, not before the log has grown (the
-    command said something, or ended) or that many seconds have passed, which
-    spares a caller that polls the log its first empty reads.
+    a signal). With ``--cwd`` the supervisor enters ``DIR`` first, so ``ARGV``
+    runs there; when it cannot, ``ARGV`` is not started and the supervisor's
+    line says so with code 126, as ``cd DIR || exit 126`` in a shell would.
+    Returns once ``ARGV`` has been started (or the supervisor has reported),
+    or fails with the reason it could not be; with ``--settle``, not before
+    the log has grown (the command said something, or ended) or that many
+    seconds have passed, which spares a caller that polls the log its first
+    empty reads.
 ``hold``
     Wait for SIGTERM, SIGINT or SIGHUP, reaping any child that ends: a
     container's long-running first process when the image has nothing else.
@@ -67,6 +71,7 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _HOLD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _SETTLE_POLL = 0.01
+_CANNOT_ENTER = "cannot enter the directory given as cwd"
 
 
 class ToolFailed(Exception):
@@ -221,7 +226,9 @@ def _status_of(wait_status: int) -> int:
     return os.waitstatus_to_exitcode(wait_status)
 
 
-def start_detached(log_path: str, argv: Sequence[str], *, settle: float = 0.0) -> None:
+def start_detached(
+    log_path: str, argv: Sequence[str], *, settle: float = 0.0, cwd: str | None = None
+) -> None:
     """``start LOG ARGV...``: see the module's description.
 
     The supervisor is a fork of this process: it leads a new session, spawns
@@ -243,7 +250,7 @@ def start_detached(log_path: str, argv: Sequence[str], *, settle: float = 0.0) -
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        _supervise(log_fd, ready_w, argv)
+        _supervise(log_fd, ready_w, argv, cwd)
     os.close(ready_w)
     os.close(log_fd)
     with os.fdopen(ready_r, "rb") as ready:
@@ -265,9 +272,10 @@ def _await_growth(path: str, size: int, limit: float) -> None:
         time.sleep(_SETTLE_POLL)
 
 
-def _supervise(log_fd: int, ready_w: int, argv: Sequence[str]) -> NoReturn:
+def _supervise(log_fd: int, ready_w: int, argv: Sequence[str], cwd: str | None) -> NoReturn:
     """The supervisor's whole life (in the forked child)."""
     code = 1
+    error = ""
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
@@ -277,27 +285,39 @@ def _supervise(log_fd: int, ready_w: int, argv: Sequence[str]) -> NoReturn:
         os.dup2(log_fd, 2)
         os.close(log_fd)
         try:
-            child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, close_fds=True)
+            if cwd is not None:
+                os.chdir(cwd)
         except OSError as exc:
-            os.write(ready_w, f"cannot start {argv[0]}: {exc.strerror or exc}".encode())
-            code = 127
-        else:
+            # Said in the log, as a shell supervisor's ``cd`` would say it; the start worked.
+            os.write(2, f"execd tool start: cannot enter {cwd}: {exc.strerror or exc}\n".encode())
             os.write(ready_w, b"ok")
-            os.close(ready_w)
-            while True:
-                try:
-                    _, status = os.waitpid(child.pid, 0)
-                    break
-                except ChildProcessError:
-                    status = 0
-                    break
-                except InterruptedError:
-                    continue
-            code = _status_of(status)
-        line = f'{{"event": "exited", "code": {code}, "source": "supervisor"}}\n'
+            code, error = 126, _CANNOT_ENTER
+        else:
+            code = _run_supervised(argv, ready_w)
+        why = f', "error": "{error}"' if error else ""
+        line = f'{{"event": "exited", "code": {code}, "source": "supervisor"{why}}}\n'
         os.write(1, line.encode())
     finally:
         os._exit(code)
+
+
+def _run_supervised(argv: Sequence[str], ready_w: int) -> int:
+    """Spawn ``argv``, say on ``ready_w`` whether that worked, and wait for it; its status."""
+    try:
+        child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, close_fds=True)
+    except OSError as exc:
+        os.write(ready_w, f"cannot start {argv[0]}: {exc.strerror or exc}".encode())
+        return 127
+    os.write(ready_w, b"ok")
+    os.close(ready_w)
+    while True:
+        try:
+            _, status = os.waitpid(child.pid, 0)
+        except ChildProcessError:
+            return 0
+        except InterruptedError:
+            continue
+        return _status_of(status)
 
 
 def hold() -> None:
@@ -344,6 +364,7 @@ def _parser() -> argparse.ArgumentParser:
     write.add_argument("path")
     start = commands.add_parser("start", help="start a command detached and supervised")
     start.add_argument("--settle", type=float, default=0.0)
+    start.add_argument("--cwd", default=None)
     start.add_argument("log")
     start.add_argument("argv", nargs=argparse.REMAINDER)
     commands.add_parser("hold", help="wait for SIGTERM, reaping children")
@@ -359,7 +380,9 @@ def _run(args: argparse.Namespace) -> None:
         "rmdir": lambda: remove_directories(args.paths),
         "cat": lambda: copy_out(args.path),
         "write": lambda: write_new(args.path, mode=args.mode, parents=args.parents),
-        "start": lambda: start_detached(args.log, _command(args.argv), settle=args.settle),
+        "start": lambda: start_detached(
+            args.log, _command(args.argv), settle=args.settle, cwd=args.cwd
+        ),
         "hold": hold,
     }
     handlers[args.command]()

@@ -59,9 +59,8 @@ def run_session(
     prog: str,
     *,
     on_signal: Callable[[int], None] | None = None,
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> int:
-    """Run ``main()`` on uvloop (or ``loop_factory()``'s loop) and return the exit status.
+    """Run ``main()`` on uvloop and return the exit status.
 
     SIGINT, SIGTERM and SIGHUP cancel ``main`` once (later ones are ignored
     while it cleans up: cutting cleanup short is what would leak processes);
@@ -101,7 +100,7 @@ def run_session(
                 loop.remove_signal_handler(signum)
 
     try:
-        with asyncio.Runner(loop_factory=loop_factory or uvloop.new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             status = runner.run(guarded())
     except UsageError as exc:
         say(f"{prog}: {exc}")

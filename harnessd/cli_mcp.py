@@ -294,10 +294,7 @@ def main(args: argparse.Namespace) -> int:
         say(f"{PROG}: {exc}")
         return USAGE
     try:
-        # asyncio's own loop: uvloop hands its own descriptors (sockets to execd
-        # among them) to every child it spawns, and a workspace command prefix
-        # (ssh, docker exec) that starts execd in the background would keep them.
-        return run_session(lambda: _serve(plan), PROG, loop_factory=asyncio.new_event_loop)
+        return run_session(lambda: _serve(plan), PROG)
     finally:
         if plan.http is not None:
             plan.http.close()

@@ -19,8 +19,9 @@ Theory of operation
    command, SIGKILL -- is noticed too. No PID is needed or trusted for this.
    (A runtime whose ``start_background`` supervises by itself -- a workspace
    without a shell -- gets execd's argv without the ``/bin/sh`` around it.)
-   With ``cwd`` the supervisor enters that directory first, so execd and
-   every command that does not name a directory of its own run there.
+   With ``cwd`` the supervisor enters that directory first (the runtime's
+   own is handed ``cwd``), so execd and every command that does not name a
+   directory of its own run there.
 3. *Wait.* The log is polled through the runtime (20 ms, backing off to
    250 ms). An ``exited`` line is looked for *before* the ``listening`` line,
    and after ``listening`` is seen the log is read once more after a short
@@ -79,7 +80,13 @@ from harnessd.execd_log import (
     scan,
 )
 from harnessd.opening import Opening
-from harnessd.runtime import LocalRuntime, Runtime, WorkspaceError, remove_workdir
+from harnessd.runtime import (
+    LocalRuntime,
+    Runtime,
+    SupervisingRuntime,
+    WorkspaceError,
+    remove_workdir,
+)
 from harnessd.token import new_token
 from protocol import limits
 from protocol.rpc.core import CloseReport
@@ -553,17 +560,27 @@ class _Plan:
             args += ["--lease", repr(float(self.lease))]
         if self.options.state_dir is not None:
             args += ["--state-dir", self.options.state_dir]
-        if getattr(self.runtime, "supervises", False):
-            if self.cwd is not None:
-                raise WorkspaceError(
-                    "cwd= needs /bin/sh in the workspace to enter the directory; "
-                    "this runtime starts execd without a shell"
-                )
+        if self._supervisor() is not None:
             return [*args, *self.extra_args]
         if self.cwd is None:
             return [_SH, "-c", _SUPERVISOR, "execd-supervisor", *args, *self.extra_args]
         supervisor = _ENTER + _SUPERVISOR
         return [_SH, "-c", supervisor, "execd-supervisor", self.cwd, *args, *self.extra_args]
+
+    def _supervisor(self) -> SupervisingRuntime | None:
+        """The runtime, when it supervises execd itself (and enters ``cwd`` itself)."""
+        runtime = self.runtime
+        if isinstance(runtime, SupervisingRuntime) and runtime.supervises:
+            return runtime
+        return None
+
+    async def start(self) -> None:
+        """Start execd in the background: under the ``/bin/sh`` supervisor, or the runtime's."""
+        supervisor = self._supervisor()
+        if supervisor is not None and self.cwd is not None:
+            await supervisor.start_background(self.argv(), log_path=self.log_path, cwd=self.cwd)
+        else:
+            await self.runtime.start_background(self.argv(), log_path=self.log_path)
 
     def address(self, announced: _Announcement) -> tuple[str, int]:
         """Where to connect to the execd that announced ``announced``."""
@@ -574,7 +591,7 @@ class _Plan:
         token = new_token()
         await self._prepare(token)
         try:
-            await self.runtime.start_background(self.argv(), log_path=self.log_path)
+            await self.start()
         except BaseException as exc:
             await _bounded(self._discard_token())
             if isinstance(exc, WorkspaceError):

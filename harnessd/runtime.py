@@ -15,8 +15,9 @@ through an object implementing :class:`Runtime`. Two implementations ship:
 An embedding framework can pass its own object instead; it only has to
 provide the four coroutines of :class:`Runtime`. A runtime whose
 ``start_background`` itself appends execd's ``exited`` line when the command
-ends says so with a true ``supervises`` attribute; the launcher then starts
-execd without its ``/bin/sh`` supervisor
+ends, and enters a working directory it is given, is a
+:class:`SupervisingRuntime` and says so with a true ``supervises`` attribute;
+the launcher then starts execd without its ``/bin/sh`` supervisor
 (:class:`harnessd.worker_runtime.WorkerToolRuntime`, for workspaces without a
 shell). Secrets travel as file
 content (``write_file`` data, on stdin for wrapped commands), never in argv or
@@ -39,13 +40,13 @@ import os
 import posixpath
 import re
 import shlex
-import signal
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from harnessd import processes
 from harnessd.errors import HarnessError
 from protocol.values import TOKEN_VAR
 
@@ -132,6 +133,26 @@ class Runtime(Protocol):
         ...
 
 
+@runtime_checkable
+class SupervisingRuntime(Runtime, Protocol):
+    """A :class:`Runtime` that supervises what it starts in the background (``supervises``).
+
+    Its ``start_background`` appends ``{"event": "exited", "code": N,
+    "source": "supervisor"}`` to the log once the command ends (``N`` as a
+    shell reports it), and with ``cwd`` starts the command in that directory;
+    when the directory cannot be entered the command is not started and the
+    line has code 126 (and an ``error``), as a shell's ``cd DIR || exit 126``.
+    """
+
+    supervises: bool
+
+    async def start_background(
+        self, argv: Sequence[str], *, log_path: str, cwd: str | None = None
+    ) -> None:
+        """Start ``argv`` detached and supervised, in ``cwd`` when given; see :class:`Runtime`."""
+        ...
+
+
 CREDENTIAL_NAME = re.compile(
     r"API_?KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE_?KEY|ACCESS_?KEY|AUTH", re.IGNORECASE
 )
@@ -187,13 +208,6 @@ async def _feed(writer: asyncio.StreamWriter | None, data: bytes) -> None:
             await writer.wait_closed()
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 async def run_process(
     argv: Sequence[str],
     *,
@@ -206,38 +220,38 @@ async def run_process(
 
     The command leads its own session; on timeout or cancellation its whole
     process group is killed. The environment is ``env``, by default
-    :func:`workspace_environment`.
+    :func:`workspace_environment`. It inherits no descriptor of this process
+    but its standard streams, on any event loop (:mod:`harnessd.processes`).
     """
     if not argv:
         raise WorkspaceError("cannot run an empty argv")
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=dict(env) if env is not None else workspace_environment(),
+        child = await processes.start(
+            argv,
+            feed=stdin is not None,
+            env=env if env is not None else workspace_environment(),
         )
     except OSError as exc:
         raise WorkspaceError(f"cannot start {_describe(argv)}: {exc.strerror or exc}") from None
     try:
         async with asyncio.timeout(timeout):
             (out, out_cut), (err, err_cut), _ = await asyncio.gather(
-                _collect(proc.stdout, max_output),
-                _collect(proc.stderr, max_output),
-                _feed(proc.stdin, stdin or b""),
+                _collect(child.stdout, max_output),
+                _collect(child.stderr, max_output),
+                _feed(child.stdin, stdin or b""),
             )
-            code = await proc.wait()
+            code = await child.wait()
     except TimeoutError:
-        _kill_group(proc)
-        await proc.wait()
+        child.kill_group()
+        await child.wait()
         raise WorkspaceError(f"{_describe(argv)} timed out after {timeout} s") from None
     except BaseException:
-        _kill_group(proc)
+        child.kill_group()
         with contextlib.suppress(BaseException):
-            await asyncio.shield(proc.wait())
+            await asyncio.shield(child.wait())
         raise
+    finally:
+        child.close()
     return CommandResult(exit_code=code, stdout=out, stderr=err, truncated=out_cut or err_cut)
 
 

@@ -12,7 +12,8 @@ steps as the worker's built-in utilities (``WORKER tool ...``, see
   ``WORKER tool NAME ...`` with the same arguments;
 * ``start_background`` runs ``WORKER tool start --settle S LOG -- ARGV...``,
   whose supervisor appends the ``exited`` line itself (``supervises``),
-  so the launcher does not wrap execd in its ``/bin/sh`` supervisor; it
+  so the launcher does not wrap execd in its ``/bin/sh`` supervisor; with
+  ``cwd`` the supervisor enters that directory first (``--cwd``); it
   returns once execd has written its first line (or :data:`START_SETTLE`
   passed);
 * ``read_file`` (through ``cat``) and ``write_file`` run ``WORKER tool cat``
@@ -83,12 +84,20 @@ class WorkerToolRuntime(CommandPrefixRuntime):
             argv = self.tool(*argv)
         return super().wrap(argv)
 
-    async def start_background(self, argv: Sequence[str], *, log_path: str) -> None:
-        """Start ``argv`` detached and supervised by the worker; see :class:`~harnessd.runtime.Runtime`."""
+    async def start_background(
+        self, argv: Sequence[str], *, log_path: str, cwd: str | None = None
+    ) -> None:
+        """Start ``argv`` detached and supervised by the worker, in ``cwd`` when given.
+
+        See :class:`~harnessd.runtime.Runtime`, and
+        :class:`~harnessd.runtime.SupervisingRuntime` for ``cwd``.
+        """
         if not argv:
             raise WorkspaceError("cannot start an empty argv")
-        settle = ("--settle", repr(START_SETTLE))
-        result = await self.run(self.tool("start", *settle, log_path, "--", *argv))
+        options = ["--settle", repr(START_SETTLE)]
+        if cwd is not None:
+            options += ["--cwd", cwd]
+        result = await self.run(self.tool("start", *options, log_path, "--", *argv))
         if result.exit_code != 0:
             raise WorkspaceError(
                 f"cannot start {argv[0]} in the background "

@@ -21,6 +21,7 @@ Needs root, Debian's ``docker.io`` and :data:`~tests.support.worker_build.FLAG`
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from protocol.values import DEFAULT_MARKER_VAR
 from tests.conftest import eventually, one_loop
 from tests.support import worker_build
 from tests.support.dockerd import Dockerd, leftovers, private_dockerd
+from tests.support.procs import run_python
 from tests.support.worker_build import TESTBIN_PATH, Unavailable
 
 pytestmark = [
@@ -45,6 +47,7 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BARE = "splitexec-test/bare:1"
 DEBIAN = f"splitexec-test/debian-{worker_build.DEBIAN_SUITE}:1"
 
@@ -105,10 +108,13 @@ async def test_bare_image_runs_the_contract_and_leaves_nothing(docker: Docker) -
     async with docker.workspace(image=BARE) as workspace:
         installed = workspace.installed
         assert installed is not None and installed.bare and not installed.uploaded
-        async with workspace.serve() as session:
+        # No shell to enter the directory given to serve: the worker's supervisor does.
+        async with workspace.serve(cwd="/usr/local") as session:
             client = session.client
             echoed = await client.run([TESTBIN_PATH, "echo", "no", "shell"])
             assert (echoed.exit_code, _text(echoed.stdout)) == (0, "no shell")
+            here = await client.run([TESTBIN_PATH, "pwd"])
+            assert _text(here.stdout) == "/usr/local"
             moved = await client.run([TESTBIN_PATH, "pwd"], cwd="/tmp")
             assert _text(moved.stdout) == "/tmp"
             limited = await client.run([TESTBIN_PATH, "nofile"], limits={"open_files": 64})
@@ -144,6 +150,26 @@ async def test_bare_image_runs_the_contract_and_leaves_nothing(docker: Docker) -
         assert "testbin" not in docker.processes(workspace.container)
         await _no_marked_process(session)
     assert workspace.container not in docker.daemon.run("ps", "-a", "--format", "{{.Names}}")
+
+
+def test_the_example_runs_a_command_in_a_container_it_removes(
+    docker: Docker, tmp_path: Path
+) -> None:
+    """examples/worker_workspace.py --image (docs/workspaces.md) with the bare image."""
+    client = shlex.join(docker.daemon.docker)
+    done = run_python(
+        str(EXAMPLES / "worker_workspace.py"),
+        *("--image", BARE, "--worker", str(docker.worker), "--docker", client),
+        *("--cwd", "/usr/local", "--", TESTBIN_PATH, "pwd"),
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert (done.returncode, done.stdout) == (0, "/usr/local\n"), done.stderr
+    placed, started = done.stderr.splitlines()
+    assert placed.startswith("worker: in place at /tmp/splitexec-worker/execd-worker-"), placed
+    container = started.removeprefix("container: ")
+    assert container.startswith("splitexec-"), started
+    assert container not in docker.daemon.run("ps", "-a", "--format", "{{.Names}}")
 
 
 async def test_a_joined_bare_container_gets_the_worker_once(docker: Docker) -> None:

@@ -3,6 +3,9 @@
 The network-namespace form of ``workspace.py`` runs as root in
 ``tests/e2e/test_two_hosts.py``; the ssh form runs through a local stand-in for
 ssh's remote shell (ssh joins its arguments into one line for ``sh -c``).
+``worker_workspace.py`` needs the built worker (:mod:`tests.support.worker_build`);
+its ``--image`` form runs as root against a private dockerd in
+``tests/e2e/test_worker_containers.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 
 from execd.marker import find_marked
 from tests.conftest import one_loop
+from tests.support import worker_build
 from tests.support.daemon import start_execd
 from tests.support.procs import run_python, wait_until_none_mention
 
@@ -118,6 +122,32 @@ def test_workspace_through_an_ssh_like_prefix(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "".join(f"[{arg}]" for arg in tricky)
     assert (tmp_path / "state state").is_dir()
+
+
+@pytest.mark.timeout(300)
+def test_worker_workspace_through_a_local_prefix(tmp_path: Path) -> None:
+    """docs/workspaces.md: the worker installed, kept, found again, removed; nothing left."""
+    try:
+        worker = worker_build.worker()
+    except worker_build.Unavailable as exc:
+        pytest.skip(str(exc))
+    here = tmp_path / "work"
+    here.mkdir()
+    directory = tmp_path / "install"
+    options = ("--via", "env", "--worker", str(worker), "--directory", str(directory))
+    command = ("--cwd", str(here), "--", "sh", "-c", 'echo "$EXECD_MARKER"; pwd')
+    markers = []
+    for keep, how in ((True, "uploaded to"), (False, "in place at")):
+        kept = ("--keep-worker",) if keep else ()
+        done = run_example("worker_workspace.py", *options, *kept, *command, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        marker, cwd = done.stdout.split()
+        assert cwd == str(here)
+        markers.append(marker)
+        assert done.stderr.startswith(f"worker: {how} {directory}/execd-worker-"), done.stderr
+    # The second run removed the worker and execd's state; the directory was given, so it stays.
+    assert list(directory.iterdir()) == []
+    assert all(wait_until_none_mention(marker, 10.0) == [] for marker in markers)
 
 
 def test_connect_to_a_running_execd(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessd.errors import LaunchFailed
 from harnessd.launcher import serve
 from harnessd.runtime import CommandPrefixRuntime
 from harnessd.worker_install import (
@@ -29,6 +30,8 @@ from tests.conftest import eventually, one_loop
 from tests.support import worker_build
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
+
+PWD = "import os; print(os.getcwd())"
 
 
 def tool(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -120,6 +123,63 @@ async def test_a_session_through_the_workers_own_utilities(
         workdir, log = session.workdir, session.log_path
         assert Path(log).exists()
     assert not Path(workdir).exists()
+
+
+async def test_start_enters_the_directory_it_is_given(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    here = tmp_path / "here"
+    here.mkdir()
+    started = tool("start", "--cwd", str(here), str(log), "--", sys.executable, "-c", PWD)
+    assert started.returncode == 0, started.stderr
+    await eventually(lambda: b'"source": "supervisor"' in log.read_bytes(), what="exit line")
+    lines = log.read_bytes().splitlines()
+    assert lines[0] == str(here).encode()
+    assert json.loads(lines[-1]) == {"event": "exited", "code": 0, "source": "supervisor"}
+
+    # A directory that cannot be entered: nothing starts, the supervisor says why (126).
+    missing = tmp_path / "missing"
+    refused = tmp_path / "refused"
+    started = tool("start", "--cwd", str(missing), str(refused), "--", sys.executable, "-c", PWD)
+    assert started.returncode == 0, started.stderr
+    await eventually(lambda: b"supervisor" in refused.read_bytes(), what="exit line")
+    said, ended = refused.read_bytes().decode().splitlines()
+    assert said.startswith(f"execd tool start: cannot enter {missing}: "), said
+    assert json.loads(ended) == {
+        "event": "exited",
+        "code": 126,
+        "source": "supervisor",
+        "error": "cannot enter the directory given as cwd",
+    }
+
+
+async def test_serve_in_a_cwd_through_the_workers_own_utilities(
+    tmp_path: Path, python_worker: str
+) -> None:
+    """``serve(cwd=...)`` where execd starts without a shell: the worker's supervisor enters it."""
+    here = tmp_path / "the workspace"
+    here.mkdir()
+    runtime = WorkerToolRuntime([], python_worker)
+    state = ("--state-dir", str(tmp_path / "state"))
+    async with serve(
+        runtime, execd_command=[python_worker], cwd=str(here), extra_args=state
+    ) as session:
+        ran = await session.client.run([sys.executable, "-c", PWD])
+        assert ran.stdout.decode().strip() == str(here)
+        execd_cwd = os.readlink(f"/proc/{session.pid}/cwd")
+        assert execd_cwd == str(here)
+
+    missing = tmp_path / "not there"
+    with pytest.raises(LaunchFailed, match="cwd") as caught:
+        await serve(
+            runtime,
+            execd_command=[python_worker],
+            cwd=str(missing),
+            workdir=str(tmp_path / "w"),
+            extra_args=state,
+            start_timeout=30,
+        )
+    assert "exited with status 126" in str(caught.value)
+    assert str(missing) in str(caught.value)
 
 
 async def test_install_is_cached_verified_and_removed(tmp_path: Path) -> None:

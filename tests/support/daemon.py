@@ -9,7 +9,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,11 +75,13 @@ def start_execd(
     env: dict[str, str] | None = None,
     timeout: float = 15.0,
     token_file_text: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[RunningExecd]:
     """Run ``python -m execd`` with a fresh token file; kill it and its marker on exit.
 
     ``token_file_text``: what the token file holds, when not exactly the token
-    (``"{token}"`` in it stands for the token).
+    (``"{token}"`` in it stands for the token). ``prefix``: a command that
+    execs the rest of its argv (``unshare ...``), run in front of execd's.
     """
     token = secrets.token_hex(32)
     state_dir = tmp_path / "execd-state"
@@ -96,6 +98,7 @@ def start_execd(
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "execd",
