@@ -223,9 +223,10 @@ def test_running_execd_yourself_as_the_readme_says(tmp_path: Path) -> None:
     bin_dir = str(Path(sys.executable).parent)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOME=str(tmp_path))
     env.pop("EXECD_TOKEN", None)
-    # The block leaves execd running; stop it as its last line says (SIGTERM).
+    # The block's last line stops execd (SIGTERM) and waits for it.
+    assert script.rstrip().endswith("kill $! && wait"), script
     done = subprocess.run(
-        ["sh", "-ec", script + 'kill "$!"; wait "$!"\n'],
+        ["sh", "-ec", script],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -236,5 +237,5 @@ def test_running_execd_yourself_as_the_readme_says(tmp_path: Path) -> None:
     marker, kernel = done.stdout.split()
     assert re.fullmatch(r"[0-9a-f]{32}", marker) and kernel == os.uname().sysname
     assert (tmp_path / "token").stat().st_mode & 0o077 == 0
-    assert not (tmp_path / "execd.token").exists(), "execd deletes the token file it read"
+    assert (tmp_path / "token").exists(), "--keep-token-file keeps it for harnessd exec"
     assert wait_until_none_mention(marker, 10.0) == []
