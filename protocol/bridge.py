@@ -27,7 +27,10 @@ streams of one connection is capped by ``max_inbound_buffer`` (exceeding it is
 a flow-control violation that closes the connection). Each stream has one
 record, :class:`Stream`: its buffered chunks, its reader and the writer
 waiting for credit on it. When its call finishes the stream ends: what was
-buffered can still be read, then iteration stops.
+buffered can still be read, then iteration stops. A role may carry a call's
+streams over to another call, on this connection or another one
+(:meth:`FramedProtocol.carry_streams`): their readers go on reading the same
+records, and the bytes they still buffer earn the new call no credit.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class Stream:
         "_detached",
         "_ended",
         "_owner",
+        "_unearned",
         "_waiter",
         "buffered",
         "call_id",
@@ -102,6 +106,8 @@ class Stream:
         #: The sender waiting for the peer's credit on this stream, if any.
         self.credit_waiter: asyncio.Future[None] | None = None
         self.buffered = 0
+        #: Buffered bytes that came on another call (see carry_streams): reading them grants none.
+        self._unearned = 0
 
     def _push(self, data: bytes, end: bool) -> None:
         if data:
@@ -445,9 +451,32 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._inbound_total -= nbytes
         if self.closed:
             return
+        unearned = entry._unearned
+        if unearned:
+            free = min(unearned, nbytes)
+            entry._unearned = unearned - free
+            nbytes -= free
         frame = self.conn.grant(entry.call_id, entry.name, nbytes)
         if frame:
             self._write(frame)
+
+    def carry_streams(self, call_id: int, streams: dict[str, Stream]) -> None:
+        """Make ``streams`` the streams of call ``call_id`` here, wherever they were before.
+
+        For a call that goes on as another call, on this connection or
+        another one: its readers keep their records, what those still buffer
+        stays readable, and reading it grants no credit here (it came on the
+        other call, within that call's window). The caller takes ``streams``
+        out of the table of the connection they were on.
+        """
+        for entry in streams.values():
+            source = entry._owner
+            source._inbound_total -= entry.buffered
+            entry._owner = self
+            entry.call_id = call_id
+            entry._unearned = entry.buffered
+            self._inbound_total += entry.buffered
+        self._streams[call_id] = streams
 
     def drop_streams(self, call_id: int) -> None:
         """A call has finished: end its streams and wake whoever waits on them."""
