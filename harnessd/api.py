@@ -19,7 +19,8 @@ from typing import BinaryIO, Generic, TypeVar
 from harnessd import keepalive as keepalive_group
 from harnessd.api_services import ServicesClient
 from harnessd.api_watch import WatchClient
-from harnessd.client import CallHandle, StreamCursor, open_connection
+from harnessd.calls import StreamCursor
+from harnessd.client import CallHandle, open_connection
 from harnessd.errors import HandshakeFailed, LocalFileError, ProtocolViolation
 from harnessd.opening import Opening
 from harnessd.terminal import TerminalsClient
@@ -191,8 +192,15 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
     async def signal_command(
         self, signal: int, *, call_id: int | None = None, command_id: str | None = None
     ) -> shell.SignalResult:
-        """Send ``signal`` to a running call on this connection or to a detached command."""
+        """Send ``signal`` to a running call on this connection or to a detached command.
+
+        A call id names a call of this connection only: such a signal is
+        never carried over to another connection (on a lost one it fails
+        with NotSent).
+        """
         params = shell.SignalParams(signal=signal, call_id=call_id, command_id=command_id)
+        if call_id is not None:
+            return await self.call_here(shell.SIGNAL, params)
         return await self.call(shell.SIGNAL, params)
 
     async def list_commands(self) -> shell.ListResult:
@@ -665,7 +673,12 @@ class RunningCommand(Generic[R]):
         await self.handle.send(shell.STDIN_STREAM, b"", end=True)
 
     async def signal(self, signum: int) -> shell.SignalResult:
-        """Send a signal to the command's process group."""
+        """Send a signal to the command's process group.
+
+        Through the connection the command was started on: once that is lost
+        (even if the command was reattached elsewhere) this raises NotSent;
+        :meth:`cancel` still reaches the command.
+        """
         return await self._client.signal_command(signum, call_id=self.handle.id)
 
     async def result(self) -> R:
@@ -673,7 +686,7 @@ class RunningCommand(Generic[R]):
         return await self.handle.result()
 
     def cancel(self) -> None:
-        """Cancel the call: execd kills the command's group."""
+        """Cancel the call: execd kills the command's group (after a reattach too)."""
         self.handle.cancel()
 
 
@@ -705,8 +718,8 @@ def connect(
     :data:`harnessd.keepalive.DEFAULT_INTERVAL`, 5); a connection silent for
     three intervals fails with ConnectionLost. ``reattach_within``: seconds
     the calls in flight on a lost connection wait for another client to
-    reattach them (:mod:`harnessd.reattach`; 0, the default: they fail with
-    ConnectionLost at once).
+    take them on (:meth:`~harnessd.client.Client.adopt`, :mod:`harnessd.calls`;
+    0, the default: they fail with ConnectionLost at once).
 
     A handshake execd gave up waiting for (HANDSHAKE_TIMEOUT: this side did
     not finish within execd's limit, as when its event loop is starved) is

@@ -13,7 +13,10 @@ Example::
     await client.close()
 
 A call whose awaiting task is cancelled is cancelled in execd too (a Cancel
-message); execd's final answer to it is then discarded.
+message); execd's final answer to it is then discarded. Each call has one
+record, :class:`~harnessd.calls.PendingCall`, that the send path, its streams
+and reattaching share; :mod:`harnessd.calls` tells how a call goes on over
+another connection.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from typing import Any, Generic, Self, TypeVar, overload
 import msgspec
 
 from harnessd import keepalive as keepalive_group
-from harnessd import reattach as reattaching
+from harnessd.calls import PendingCall, StreamCursor, Tracked, never_arrived, new_request_id
 from harnessd.errors import (
     AuthenticationFailed,
     ConnectFailed,
     ConnectionLost,
     HandshakeFailed,
     NotAnExecd,
+    NotSent,
     ProtocolViolation,
     remote_error,
 )
@@ -42,7 +46,7 @@ from protocol import limits
 from protocol.bridge import FramedProtocol, Stream
 from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
-from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
+from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError, SplitexecError
 from protocol.handshake import token_bytes
 from protocol.messages import Abort, Call, Cancel, Chunk, Error, Event, Ping, Pong, Reply
 from protocol.rpc import Rpc
@@ -76,23 +80,8 @@ def _code_name(code: int) -> str:
         return f"error code {code}"
 
 
-class PendingCall(msgspec.Struct, eq=False):
-    """One call in flight: the one record the client keeps of it until its answer comes.
-
-    A Struct (never encoded): one is built per call, in C.
-    """
-
-    future: asyncio.Future[Reply | Error]
-    #: Its request id and what it takes to send it again (None: not tracked).
-    tracked: reattaching.Tracked | None
-    #: Bytes received per stream, kept for a tracked call (:mod:`harnessd.reattach`).
-    received: dict[str, int] | None = None
-    #: Where an attach call's streams start, per stream.
-    base: dict[str, int] | None = None
-
-
 class ClientProtocol(FramedProtocol):
-    """asyncio glue for one client connection."""
+    """asyncio glue for one client connection: it moves each call's record."""
 
     def __init__(self, conn: ClientConnection) -> None:
         super().__init__(conn)
@@ -100,47 +89,145 @@ class ClientProtocol(FramedProtocol):
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.ready: asyncio.Future[HandshakeComplete] = loop.create_future()
-        #: The calls in flight, each with its record.
+        #: The calls in flight here by call id, each with its record.
         self.pending: dict[int, PendingCall] = {}
         self.subscriptions: dict[int, asyncio.Queue[Event | None]] = {}
         # Events may arrive before the reply that names their topic; keep a few.
         self.early_events: collections.OrderedDict[int, list[Event]] = collections.OrderedDict()
         self.early_count = 0
         self.lost: Exception | None = None
-        # The orphans made of the tracked calls in flight when the connection was lost.
-        self.orphans: dict[int, reattaching.Orphan] = {}
-        #: Takes the orphans of a lost connection; None: calls in flight fail with it.
-        self.on_orphans: Callable[[list[reattaching.Orphan]], None] | None = None
+        #: Takes the tracked calls in flight when the connection is lost (maybe none), then
+        #: waiting for another connection; None: calls in flight fail with the connection.
+        self.on_orphans: Callable[[list[PendingCall]], None] | None = None
         #: Closed on purpose (``Client.close``): nothing is orphaned.
         self.deliberate = False
+        #: ``seq`` of the latest Ping sent (keepalives and receipts share them).
+        self.pings = 0
+        #: Pings whose Pong proves execd read an attach: seq -> the call and its attach's id.
+        self._receipts: dict[int, tuple[PendingCall, int]] = {}
 
     def start_call(
-        self,
-        method: str,
-        params: msgspec.Raw,
-        rid: bytes | None = None,
-        tracked: reattaching.Tracked | None = None,
-    ) -> tuple[int, asyncio.Future[Reply | Error]]:
-        """Send a Call; return its id (chosen by the state machine) and its answer's future.
+        self, method: str, params: msgspec.Raw, rid: bytes | None, tracked: Tracked | None
+    ) -> PendingCall:
+        """Send a Call; return its record (its id is chosen by the state machine).
 
         ``rid``: the request id on the wire; ``tracked``: the call is tracked
-        for reattaching under that record (:mod:`harnessd.reattach`).
+        for reattaching under that record. Raises :meth:`closed_error` when
+        the connection is closed: the call was not sent.
         """
         call_id = self.client_conn.next_call_id()
         self.send(Call(id=call_id, method=method, params=params, rid=rid))
-        future: asyncio.Future[Reply | Error] = self.loop.create_future()
-        self.pending[call_id] = PendingCall(future, tracked)
-        return call_id, future
+        record = PendingCall(self.loop.create_future(), tracked, self, call_id)
+        self.pending[call_id] = record
+        return record
 
-    def is_pending(self, call_id: int, future: asyncio.Future[Reply | Error]) -> bool:
-        """Whether ``future`` still waits for the answer to ``call_id``."""
-        record = self.pending.get(call_id)
-        return record is not None and record.future is future
+    def ping(self) -> int:
+        """Send a Ping; its ``seq``. Raises :meth:`closed_error` when closed."""
+        self.pings += 1
+        self.send(Ping(seq=self.pings))
+        return self.pings
 
-    def tracked(self, call_id: int) -> reattaching.Tracked | None:
-        """What call ``call_id`` is tracked as, while it is in flight (None: not tracked)."""
-        record = self.pending.get(call_id)
-        return record.tracked if record is not None else None
+    def watch_attach(self, call: PendingCall) -> None:
+        """``call`` was just sent on as a ``request.attach``: learn when execd has read it.
+
+        A cancel of an attach reaches the call only once execd has started
+        the attach (PROTOCOL.md 8.1); the Pong of a Ping sent right behind it
+        says so, and a cancel asked meanwhile is sent then.
+        """
+        call.attaching, call.attach_seen = True, False
+        with contextlib.suppress(Exception):
+            self._receipts[self.ping()] = (call, call.call_id)
+
+    def _receipt(self, seq: int) -> None:
+        watched = self._receipts.pop(seq, None)
+        if watched is None:
+            return
+        call, call_id = watched
+        if self.pending.get(call_id) is call:
+            call.attach_seen = True
+            if call.cancelled:
+                self.send_cancel(call_id)
+
+    def carry(self, call: PendingCall) -> None:
+        """Carry ``call``, waiting since its connection was lost, on over this connection.
+
+        A call that was sent is attached to by its request id, from the bytes
+        of each stream it holds; one made while its connection was down is
+        sent now. Raises :meth:`closed_error` when this connection is closed
+        (the call still waits).
+        """
+        tracked = call.tracked
+        assert tracked is not None, "only tracked calls wait for another connection"
+        if call.sent:
+            params = requests_rpc.AttachParams(
+                rid=tracked.rid, offsets=dict(call.offsets or {}), sent_on=tracked.sent_on or None
+            )
+            self._move(call, requests_rpc.ATTACH.name, to_raw(params), None, attaching=True)
+        else:
+            self._send_again(call, tracked)
+        call.land()
+
+    def _send_again(self, call: PendingCall, tracked: Tracked) -> None:
+        """Send ``call`` itself under its request id (it never reached execd)."""
+        sent_on = tracked.sent_on
+        tracked.sent_on = self.conn.server_nonce
+        try:
+            attach = tracked.method == requests_rpc.ATTACH.name  # a Client.reattach made while down
+            self._move(call, tracked.method, tracked.params, tracked.rid, attaching=attach)
+        except BaseException:
+            tracked.sent_on = sent_on
+            raise
+
+    def _move(
+        self,
+        call: PendingCall,
+        method: str,
+        params: msgspec.Raw,
+        rid: bytes | None,
+        *,
+        attaching: bool,
+    ) -> None:
+        """Send a Call that carries ``call`` on, and move its record and streams to it."""
+        call_id = self.client_conn.next_call_id()
+        self.send(Call(id=call_id, method=method, params=params, rid=rid))
+        source, source_id = call.proto, call.call_id
+        call.proto, call.call_id = self, call_id
+        call.sent, call.attaching = True, False
+        self.pending[call_id] = call
+        streams = call.streams
+        if streams is not None:
+            if isinstance(source, ClientProtocol) and source._streams.get(source_id) is streams:
+                del source._streams[source_id]
+            self.carry_streams(call_id, streams)
+        if attaching:
+            self.watch_attach(call)  # a cancel asked meanwhile goes once execd has it
+        elif call.cancelled:
+            self.send_cancel(call_id)
+
+    def send_cancel(self, call_id: int) -> None:
+        """Ask execd to cancel a call in flight (nothing happens if it cannot be sent)."""
+        with contextlib.suppress(Exception):
+            self.send(Cancel(id=call_id))
+
+    def call_stream(self, call: PendingCall, name: str) -> Stream:
+        """Stream ``name`` of ``call`` (on this connection now), kept in its record.
+
+        A call answered before this stream had a byte or a reader gets an
+        ended stream: nothing came on it.
+        """
+        streams = call.streams
+        if streams is None:
+            if call.settled:
+                return self.stream(call.call_id, name)
+            # A call not sent yet has no entry here: its streams go where it is sent.
+            streams = self._streams.setdefault(call.call_id, {}) if call.sent else {}
+            call.streams = streams
+        entry = streams.get(name)
+        if entry is None:
+            if call.settled:
+                return self.stream(call.call_id, name)
+            entry = streams[name] = Stream(self, call.call_id, name)
+        return entry
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
@@ -161,8 +248,14 @@ class ClientProtocol(FramedProtocol):
     def handle_event(self, event: ConnectionEvent) -> None:
         if type(event) is Reply or type(event) is Error:
             record = self.pending.pop(event.id, None)
-            if record is not None and not record.future.done():
-                record.future.set_result(event)
+            if record is None:
+                return
+            if record.attaching:
+                self._attached(record, event)
+            else:
+                record.settled = True
+                if not record.future.done():
+                    record.future.set_result(event)
         elif isinstance(event, Event):
             queue = self.subscriptions.get(event.topic)
             if queue is not None:
@@ -188,21 +281,54 @@ class ClientProtocol(FramedProtocol):
                 why = event.message or _code_name(event.code)
                 reason = ProtocolViolation(f"execd closed the connection: {why}", event.code)
             self.abort(reason)
-        elif isinstance(event, Pong):
-            pass
+        elif isinstance(event, Pong) and self._receipts:
+            self._receipt(event.seq)
+
+    def _attached(self, call: PendingCall, answer: Reply | Error) -> None:
+        """The answer to an attach that carries ``call``: its outcome, or "never arrived".
+
+        A call that never reached execd, streamed no upload and was not
+        cancelled is sent again under its id; its streams go with it.
+        """
+        call.attaching = False
+        tracked = call.tracked
+        if (
+            tracked is not None
+            and not tracked.uploads
+            and not call.cancelled
+            and never_arrived(answer)
+        ):
+            try:
+                self._send_again(call, tracked)
+            except SplitexecError as exc:
+                super().drop_streams(answer.id)
+                call.fail(NotSent(f"the call never reached execd and cannot be sent again: {exc}"))
+            return
+        super().drop_streams(answer.id)
+        call.settled = True
+        if not call.future.done():
+            call.future.set_result(answer)
+
+    def drop_streams(self, call_id: int) -> None:
+        # An attach's streams stay open through its answer: _attached decides whether the
+        # call ends there or goes on as a call sent again.
+        record = self.pending.get(call_id)
+        if record is None or not record.attaching:
+            super().drop_streams(call_id)
 
     def _on_chunk(self, chunk: Chunk) -> None:
         record = self.pending.get(chunk.id)
-        if record is not None and record.tracked is not None:
-            counts = record.received
+        if record is None:
+            super()._on_chunk(chunk)
+            return
+        if record.tracked is not None:
+            counts = record.offsets
             if counts is None:
-                counts = record.received = {}
+                counts = record.offsets = {}
             counts[chunk.stream] = counts.get(chunk.stream, 0) + len(chunk.data)
         super()._on_chunk(chunk)
-
-    def stream_names(self, call_id: int) -> list[str]:
-        """Names of the inbound streams of a call that have a buffer here."""
-        return list(self._streams.get(call_id, ()))
+        if record.streams is None:
+            record.streams = self._streams.get(chunk.id)
 
     def _keep_early(self, event: Event) -> None:
         self.early_events.setdefault(event.topic, []).append(event)
@@ -218,79 +344,48 @@ class ClientProtocol(FramedProtocol):
         return events
 
     def handle_closed(self, reason: BaseException | None) -> None:
-        if not self.ready.done() and (
-            (isinstance(reason, RemoteProtocolError) and reason.code in _FOREIGN_PEER)
-            or not isinstance(reason, ProtocolError | HandshakeFailed | ProtocolViolation)
-        ):
-            failure: Exception = NotAnExecd(
-                "it answered with bytes that are not the execd protocol"
-                if isinstance(reason, RemoteProtocolError)
-                else "it closed the connection without answering the handshake"
-            )
-        elif isinstance(reason, RemoteProtocolError):
-            if reason.code == ErrorCode.AUTH_FAILED:
-                failure = AuthenticationFailed(
-                    "execd did not prove knowledge of the token", int(reason.code)
-                )
-            else:
-                failure = ProtocolViolation(f"protocol error: {reason}", int(reason.code))
-        elif isinstance(reason, ConnectionLost | HandshakeFailed | ProtocolViolation):
-            failure = reason
-        elif reason is not None:
-            failure = ConnectionLost(f"connection to execd lost: {reason}")
-        else:
-            failure = ConnectionLost("connection to execd closed")
+        failure = self._failure(reason)
         self.lost = failure
         if not self.ready.done():
             self.ready.set_exception(failure)
             self.ready.exception()  # mark retrieved; connect() re-raises it
-        orphans: list[reattaching.Orphan] = []
-        if self.on_orphans is not None and not self.deliberate:
-            orphans = reattaching.orphan_calls(self)
+        orphaning = self.on_orphans is not None and not self.deliberate
+        orphans: list[PendingCall] = []
         for record in self.pending.values():
-            future = record.future
-            if not future.done():
-                future.set_exception(failure)
-                future.exception()
+            if orphaning and record.tracked is not None:
+                record.moved = self.loop.create_future()
+                orphans.append(record)
+            elif not record.future.done():
+                record.future.set_exception(failure)
+                record.future.exception()
         self.pending.clear()
         for queue in self.subscriptions.values():
             queue.put_nowait(None)
-        if orphans and self.on_orphans is not None:
+        if orphaning and self.on_orphans is not None:
             self.on_orphans(orphans)
 
-
-class StreamCursor:
-    """The blocks of one inbound stream of a call, one :meth:`next` at a time.
-
-    The stream's buffer is bound when the cursor is made. When the
-    connection is lost and another client adopts the call
-    (:mod:`harnessd.reattach`), the cursor goes on where the bytes received
-    so far end.
-    """
-
-    __slots__ = ("_call_id", "_name", "_proto", "_source")
-
-    def __init__(self, proto: ClientProtocol, call_id: int, name: str) -> None:
-        self._proto = proto
-        self._call_id = call_id
-        self._name = name
-        self._source: Stream = proto.stream(call_id, name)
-
-    async def next(self) -> bytes | None:
-        """The next block; None once the stream has ended."""
-        while True:
-            try:
-                return await self._source.read()
-            except Exception:
-                proto = self._proto
-                if not proto.closed:
-                    raise
-                moved = await reattaching.follow(proto, self._call_id, self._name)
-                if moved is None:
-                    if proto.lost is not None:
-                        raise proto.lost from None
-                    return None
-                self._proto, self._call_id, self._source = moved
+    def _failure(self, reason: BaseException | None) -> Exception:
+        """What calls on this connection fail with, for the reason it closed."""
+        if not self.ready.done() and (
+            (isinstance(reason, RemoteProtocolError) and reason.code in _FOREIGN_PEER)
+            or not isinstance(reason, ProtocolError | HandshakeFailed | ProtocolViolation)
+        ):
+            return NotAnExecd(
+                "it answered with bytes that are not the execd protocol"
+                if isinstance(reason, RemoteProtocolError)
+                else "it closed the connection without answering the handshake"
+            )
+        if isinstance(reason, RemoteProtocolError):
+            if reason.code == ErrorCode.AUTH_FAILED:
+                return AuthenticationFailed(
+                    "execd did not prove knowledge of the token", int(reason.code)
+                )
+            return ProtocolViolation(f"protocol error: {reason}", int(reason.code))
+        if isinstance(reason, ConnectionLost | HandshakeFailed | ProtocolViolation):
+            return reason
+        if reason is not None:
+            return ConnectionLost(f"connection to execd lost: {reason}")
+        return ConnectionLost("connection to execd closed")
 
 
 async def _blocks(cursor: StreamCursor) -> AsyncIterator[bytes]:
@@ -301,33 +396,32 @@ async def _blocks(cursor: StreamCursor) -> AsyncIterator[bytes]:
 class CallHandle(Generic[R]):
     """One call in flight: its streams, its result, and cancellation."""
 
-    def __init__(
-        self,
-        client: Client,
-        call_id: int,
-        future: asyncio.Future[Reply | Error],
-        result_type: type[R] | Any = Any,
-    ) -> None:
+    def __init__(self, client: Client, call: PendingCall, result_type: type[R] | Any = Any) -> None:
         self._client = client
-        self.id = call_id
-        self._future = future
+        self.call = call
+        #: The id the call was first sent with on its client's connection.
+        self.id = call.call_id
         self._result_type = result_type
 
     def stream(self, name: str) -> AsyncIterator[bytes]:
         """Iterate the bytes execd sends on stream ``name`` until it ends.
 
-        The stream's buffer is bound now rather than at the first iteration:
-        a reply that ends the call before iteration starts must not drop it.
+        Every byte of the stream is delivered whenever iteration starts, even
+        after the call was answered, and across a reattach; or the iteration
+        raises (ConnectionLost when the call is lost with its connection).
         """
         return _blocks(self.cursor(name))
 
     def cursor(self, name: str) -> StreamCursor:
         """Stream ``name``'s blocks one ``await`` at a time (what :meth:`stream` iterates)."""
-        return StreamCursor(self._client._proto, self.id, name)
+        return StreamCursor(self.call, name)
 
     async def send(self, stream: str, data: bytes, *, end: bool = False) -> None:
-        """Send bytes on ``stream`` to execd (flow-controlled)."""
-        await self._client._send_stream(self.id, stream, data, end=end)
+        """Send bytes on ``stream`` to execd (flow-controlled).
+
+        Raises ConnectionLost when the call's connection is lost.
+        """
+        await self._client.send_stream(self.call, stream, data, end=end)
 
     @overload
     async def result(self) -> R: ...
@@ -341,7 +435,7 @@ class CallHandle(Generic[R]):
         The result is decoded as the RPC's declared result type (``type``
         only for a call started by method name).
         """
-        future = self._future
+        future = self.call.future
         if future.done():
             answer = future.result()  # answered already (a read's reply ends its stream)
         else:
@@ -353,20 +447,21 @@ class CallHandle(Generic[R]):
         return self._client._unpack(answer, self._result_type if type is None else type)
 
     def cancel(self) -> None:
-        """Ask execd to cancel the call; its answer will be a Cancelled error."""
-        if self._future.done():
-            return
-        self._client._send_cancel(self.id)
+        """Ask execd to cancel the call; its answer will be a Cancelled error.
+
+        The cancel goes to the connection the call is on now; while it waits
+        to be reattached, to the connection that takes it on.
+        """
+        self.call.cancel()
 
     @property
     def done(self) -> bool:
-        return self._future.done()
+        return self.call.future.done()
 
     @property
     def request_id(self) -> bytes | None:
         """The call's request id (None without one), for :meth:`Client.reattach`."""
-        tracked = self._client._proto.tracked(self.id)
-        return tracked.rid if tracked is not None else None
+        return self.call.rid
 
 
 class Client:
@@ -382,18 +477,21 @@ class Client:
     ):
         self._proto = proto
         self.info = info
-        #: Give every call a request id (harnessd.reattach); False sends none.
+        #: Give every call a request id (PROTOCOL.md 8.1); False sends none.
         self.request_ids = True
-        #: Seconds a call in flight on a lost connection waits to be reattached (0: it fails).
+        #: Seconds a call in flight on a lost connection waits to be carried on by another
+        #: client (:meth:`adopt`); 0: it fails with the connection.
         self.reattach_within = reattach_within
-        #: Runs when the connection is lost with calls waiting to be reattached.
+        #: Runs when the connection is lost (with or without calls in flight) and again
+        #: when a call is made on it while it is down: whoever reconnects listens here.
         self.on_lost: Callable[[], None] | None = None
-        self._orphans: list[reattaching.Orphan] = []
+        self._orphans: list[PendingCall] = []
+        #: Replaced by a new connection (:meth:`release`): calls made here now fail at once.
+        self._released = False
         self._server_nonce = proto.conn.server_nonce
         if reattach_within > 0:
             proto.on_orphans = self._orphaned
         self._keepalive_interval = keepalive or 0.0
-        self._pings = 0
         self._unanswered = 0
         self._heard_at = proto.last_received
         self._keepalive: keepalive_group.Membership | None = None
@@ -419,12 +517,14 @@ class Client:
     def start(self, method: str, params: Any = None) -> CallHandle[Any]: ...
 
     def start(self, method: Rpc[Any, Any] | str, params: Any = None) -> CallHandle[Any]:
-        """Send a call and return its handle without waiting."""
+        """Send a call and return its handle without waiting.
+
+        Raises NotSent at once when the connection is down and the call
+        cannot wait for a new one (see :meth:`call`).
+        """
         if isinstance(method, Rpc):
-            call_id, future = self._send_call(method.name, params)
-            return CallHandle(self, call_id, future, method.result)
-        call_id, future = self._send_call(method, params)
-        return CallHandle(self, call_id, future)
+            return CallHandle(self, self._send_call(method.name, params), method.result)
+        return CallHandle(self, self._send_call(method, params))
 
     @overload
     async def call(self, method: Rpc[P, R], params: P) -> R: ...
@@ -444,18 +544,21 @@ class Client:
         The same as ``await self.start(method, params).result()`` without the
         handle: nothing else can wait on this call's future, so it is awaited
         directly (no shield, no extra trip through the event loop).
+
+        A call made while the connection is down was not sent: it fails with
+        :class:`~harnessd.errors.NotSent`, or, when someone reconnects this
+        client (``on_lost``) and ``reattach_within`` allows, waits that long
+        for the new connection and is sent there.
         """
         if isinstance(method, Rpc):
             name, type = method.name, method.result
         else:
             name = method
-        call_id, future = self._send_call(name, params)
+        record = self._send_call(name, params)
         try:
-            answer = await future
+            answer = await record.future
         except asyncio.CancelledError:
-            # Still pending means no answer came: cancel the call in execd too.
-            if self._proto.is_pending(call_id, future):
-                self._send_cancel(call_id)
+            record.cancel()  # unless answered already: execd cancels it too
             raise
         if isinstance(answer, Reply):
             try:
@@ -463,6 +566,16 @@ class Client:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
         return self._unpack(answer, type)
+
+    async def call_here(self, method: Rpc[P, R], params: P) -> R:
+        """Call ``method`` as a call that belongs to this connection.
+
+        For params that name something of this connection (a call id): the
+        call is never carried over to another connection; on a lost
+        connection it fails (NotSent when it was not sent).
+        """
+        record = self._send_call(method.name, params, here=True)
+        return await CallHandle(self, record, method.result).result()
 
     def subscribe(self, topic: int) -> asyncio.Queue[Event | None]:
         """The queue of server-pushed events for ``topic`` (None marks the end)."""
@@ -473,56 +586,84 @@ class Client:
         self._proto.unsubscribe(topic)
 
     def reattach(self, rid: bytes, offsets: dict[str, int] | None = None) -> CallHandle[Any]:
-        """Attach to the call with request id ``rid`` (see :mod:`harnessd.reattach`).
+        """Attach to the call with request id ``rid`` (PROTOCOL.md 8.1).
 
         The handle's streams carry the call's output from ``offsets`` (bytes
         already held, per stream) on, and its result is the call's. Raises (on
         ``result()``) RequestNotKnown when execd does not know the id.
         """
-        params = requests_rpc.AttachParams(rid=rid, offsets=dict(offsets or {}))
-        tracked = reattaching.Tracked(
-            rid, requests_rpc.ATTACH.name, to_raw(params), b"", uploads=True
-        )
-        call_id, future = self._send_call(requests_rpc.ATTACH.name, params, tracked=tracked)
-        self._proto.pending[call_id].base = dict(offsets or {})
-        return CallHandle(self, call_id, future)
+        held = dict(offsets or {})
+        params = requests_rpc.AttachParams(rid=rid, offsets=held)
+        tracked = Tracked(rid, requests_rpc.ATTACH.name, to_raw(params), b"", uploads=True)
+        record = self._send_call(requests_rpc.ATTACH.name, params, tracked=tracked)
+        record.offsets = dict(held)
+        if record.sent:
+            self._proto.watch_attach(record)
+        return CallHandle(self, record)
 
-    def take_orphans(self) -> list[reattaching.Orphan]:
-        """The calls of a lost connection still waiting to be reattached (handed over once)."""
-        orphans = [o for o in self._orphans if not (o.future.done() or o.moved.done())]
+    # -- calls that outlive the connection --------------------------------------
+
+    def take_orphans(self) -> list[PendingCall]:
+        """The calls of this lost connection still waiting for another one (handed over once)."""
+        orphans = [call for call in self._orphans if call.waiting]
         self._orphans.clear()
         return orphans
 
-    def adopt(self, orphans: list[reattaching.Orphan]) -> None:
-        """Reattach calls another client lost on this client's connection."""
-        reattaching.adopt(self, orphans)
+    def adopt(self, orphans: list[PendingCall]) -> None:
+        """Carry on here the calls another client lost (its :meth:`take_orphans`).
 
-    async def release(self) -> list[reattaching.Orphan]:
-        """Close this connection for a new one: its calls in flight become orphans to adopt."""
+        Each is attached to by its request id (or sent, if it never was), and
+        its caller and readers go on as if nothing had happened.
+        """
+        proto = self._proto
+        for call in orphans:
+            if not call.waiting:
+                continue
+            if call.cancelled and not call.sent:
+                call.fail(NotSent("cancelled before it was sent"))
+                continue
+            try:
+                proto.carry(call)
+            except SplitexecError as exc:
+                call.fail(exc if call.sent else NotSent(f"not sent: {exc}"))
+
+    async def release(self) -> list[PendingCall]:
+        """Close this connection for a new one: its calls in flight become orphans to adopt.
+
+        Calls made on this client afterwards fail at once with NotSent.
+        """
+        self._released = True
+        self.on_lost = None
         if not self._proto.closed:
             self._proto.abort(ConnectionLost("replaced by a new connection"))
         orphans = self.take_orphans()
         await self.close()
         return orphans
 
-    def _orphaned(self, orphans: list[reattaching.Orphan]) -> None:
-        self._orphans.extend(orphans)
-        failure = self._proto.lost or ConnectionLost("connection to execd lost")
-        self._proto.loop.call_later(self.reattach_within, _expire, orphans, failure)
+    def _orphaned(self, orphans: list[PendingCall]) -> None:
+        """The connection was lost: its tracked calls in flight wait for another."""
+        if orphans:
+            self._wait(orphans, self._proto.closed_error())
         if self.on_lost is not None:
             self.on_lost()
+
+    def _wait(self, calls: list[PendingCall], failure: Exception) -> None:
+        """Keep ``calls`` to be adopted; those still waiting in ``reattach_within`` s fail."""
+        self._orphans = [call for call in self._orphans if call.waiting]
+        self._orphans.extend(calls)
+        waits = [(call, call.moved) for call in calls]
+        self._proto.loop.call_later(self.reattach_within, _expire, waits, failure)
 
     async def close(self) -> None:
         """Close the connection (calls in flight fail with ConnectionLost)."""
         if self._keepalive is not None:
             self._keepalive.leave()
         self._proto.deliberate = True
-        for orphan in self.take_orphans():
-            orphan.fail(ConnectionLost("client closed the connection"))
+        closing = ConnectionLost("client closed the connection")
+        for call in self.take_orphans():
+            call.fail(closing if call.sent else NotSent("not sent: client closed the connection"))
         if not self._proto.closed:
-            self._proto.abort(
-                ConnectionLost("client closed the connection"), code=ErrorCode.GOING_AWAY
-            )
+            self._proto.abort(closing, code=ErrorCode.GOING_AWAY)
 
     async def __aenter__(self) -> Self:
         return self
@@ -530,18 +671,33 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def send_stream(self, call: PendingCall, stream: str, data: bytes, *, end: bool) -> None:
+        """Send ``data`` on ``stream`` of ``call``, on the connection it is on (flow-controlled).
+
+        A call made while the connection was down is sent first.
+        """
+        if not call.sent and call.waiting:
+            assert call.moved is not None
+            await asyncio.shield(call.moved)
+        tracked = call.tracked
+        if tracked is not None:
+            tracked.uploads = True  # what was streamed cannot be sent again
+        await call.proto.send_stream(call.call_id, stream, data, end=end)
+
     # -- internals -------------------------------------------------------------
 
     def _send_call(
-        self, method: str, params: Any, tracked: reattaching.Tracked | None = None
-    ) -> tuple[int, asyncio.Future[Reply | Error]]:
-        """Frame and send a Call; return its id and the future of its answer.
+        self, method: str, params: Any, tracked: Tracked | None = None, *, here: bool = False
+    ) -> PendingCall:
+        """Frame and send a Call; return its record.
 
         Every call gets a fresh request id (none for methods that belong to
-        their connection, nor with ``request_ids`` off); ``tracked``: track it
-        as this call instead (a reattach, or a call sent again). The id goes
-        on the wire unless the method is connection-scoped (an attach names
-        its id in its params).
+        their connection, nor with ``request_ids`` off); ``tracked``: track
+        it as this call instead (a reattach). The id goes on the wire unless
+        the method is connection-scoped (an attach names its id in its
+        params). A call that belongs ``here`` has its id on the wire like any
+        other (execd books it alike) but is never carried to another
+        connection.
         """
         # NoParams is the empty map: spare the no-op round trip its encoding.
         if params is None or type(params) is NoParams:
@@ -550,15 +706,41 @@ class Client:
             raw = params if isinstance(params, msgspec.Raw) else to_raw(params)
         scoped = method in requests_rpc.CONNECTION_SCOPED
         if tracked is None and self.request_ids and not scoped:
-            fresh = reattaching.new_request_id()
-            tracked = reattaching.Tracked(fresh, method, raw, self._server_nonce)
+            tracked = Tracked(new_request_id(), method, raw, self._server_nonce)
         wire_rid = None if scoped or tracked is None else tracked.rid
-        return self._proto.start_call(method, raw, wire_rid, tracked)
+        if here:
+            tracked = None
+        proto = self._proto
+        if not proto.closed:
+            try:
+                return proto.start_call(method, raw, wire_rid, tracked)
+            except Exception:
+                if not proto.closed:
+                    raise
+        return self._unsent(tracked)
 
-    def _send_cancel(self, call_id: int) -> None:
-        """Ask execd to cancel a call in flight (nothing happens if it cannot be sent)."""
-        with contextlib.suppress(Exception):
-            self._proto.send(Cancel(id=call_id))
+    def _unsent(self, tracked: Tracked | None) -> PendingCall:
+        """A call made while the connection is down: it waits for a new one, or is NotSent."""
+        proto = self._proto
+        why = proto.closed_error()
+        on_lost = self.on_lost
+        if (
+            tracked is None
+            or on_lost is None
+            or self._released
+            or proto.deliberate
+            or self.reattach_within <= 0
+        ):
+            raise NotSent(f"not sent: {why}")
+        loop = proto.loop
+        record = PendingCall(loop.create_future(), tracked, proto, 0, sent=False)
+        record.moved = loop.create_future()
+        self._wait(
+            [record],
+            NotSent(f"not sent: {why}; no new connection within {self.reattach_within:g} s"),
+        )
+        on_lost()  # a reconnection that gave up starts again
+        return record
 
     def _unpack(self, answer: Reply | Error, type: Any) -> Any:
         if isinstance(answer, Error):
@@ -570,12 +752,6 @@ class Client:
             return from_raw(answer.result, type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ProtocolViolation(f"execd sent a result of the wrong shape: {exc}") from None
-
-    async def _send_stream(self, call_id: int, stream: str, data: bytes, *, end: bool) -> None:
-        tracked = self._proto.tracked(call_id)
-        if tracked is not None:
-            tracked.uploads = True  # what was streamed cannot be sent again
-        await self._proto.send_stream(call_id, stream, data, end=end)
 
     def _keepalive_tick(self) -> bool:
         """Ping execd, or give the connection up; False when done with pings.
@@ -599,19 +775,21 @@ class Client:
                 code=ErrorCode.GOING_AWAY,
             )
             return False
-        self._pings += 1
         self._unanswered += 1
         try:
-            proto.send(Ping(seq=self._pings))
+            proto.ping()
         except Exception:  # a transport closing under the write: the next tick sees it
             return not proto.closed
         return True
 
 
-def _expire(orphans: list[reattaching.Orphan], failure: BaseException) -> None:
-    for orphan in orphans:
-        if not orphan.moved.done():
-            orphan.fail(failure)
+def _expire(
+    waits: list[tuple[PendingCall, asyncio.Future[None] | None]], failure: Exception
+) -> None:
+    """Fail the calls of ``waits`` that still wait where they waited when the timer was set."""
+    for call, moved in waits:
+        if moved is not None and call.moved is moved and not moved.done():
+            call.fail(failure)
 
 
 async def open_connection(

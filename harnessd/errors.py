@@ -28,6 +28,7 @@ __all__ = [
     "LaunchFailed",
     "LocalFileError",
     "NotAnExecd",
+    "NotSent",
     "ProtocolViolation",
     "RemoteError",
     "remote_error",
@@ -68,6 +69,17 @@ class NotAnExecd(HandshakeFailed):
 
 class ProtocolViolation(_MaybeCoded):
     """execd broke the protocol, or closed the connection with an Abort."""
+
+
+class NotSent(ConnectionLost):
+    """The call was not sent: its connection was down, so it did not run in execd.
+
+    Unlike a plain :class:`ConnectionLost`, which may come after execd got
+    the call (it may have run), this one guarantees the call never left:
+    making it again is safe. Raised by every call method of a client whose
+    connection is closed, at once or (on a session that reconnects by
+    itself) once ``reattach_within`` seconds passed without a new connection.
+    """
 
 
 class LaunchFailed(HarnessError):

@@ -48,8 +48,13 @@ whose machine vanishes, leaves nothing behind for longer than the lease.
 ``lease=None`` turns it off (execd then lives until closed).
 
 A lost connection (reset, or no answer to keepalives for three intervals)
-fails calls with :class:`~harnessd.errors.ConnectionLost`;
-:meth:`Session.reconnect` opens a new connection to the same execd.
+is replaced by itself (:class:`~harnessd.reattach.Reconnector`): for
+``reattach_within`` seconds the session dials the same execd again in the
+background, and the new client becomes ``session.client``. Calls that were in
+flight go on over it (reattached by request id); calls made on the old client
+meanwhile were not sent, wait for the new connection and are sent there, or
+fail with :class:`~harnessd.errors.NotSent` when none came in time.
+:meth:`Session.reconnect` replaces the connection on demand.
 """
 
 from __future__ import annotations
@@ -238,8 +243,10 @@ class Session:
     async def reconnect(self, *, timeout: float | None = None) -> ExecdClient:
         """Connect again to the same execd and make the new client ``session.client``.
 
-        Calls in flight on the old one are reattached (:mod:`harnessd.reattach`).
-        Raises ConnectFailed, HandshakeFailed, or ConnectionLost when closed.
+        Calls in flight on the old one go on over the new one (reattached by
+        request id, :mod:`harnessd.calls`). While the session is reconnecting
+        by itself, this waits for that and returns its client. Raises
+        ConnectFailed, HandshakeFailed, or ConnectionLost when closed.
         """
         if self._closing is not None:
             raise ConnectionLost("the session is closed")

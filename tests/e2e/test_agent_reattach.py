@@ -10,49 +10,24 @@ each entry once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harnessd.agent import AgentSession
-from harnessd.launcher import Session, serve
 from harnessd.ledger_sync import decode_entry
-from harnessd.runtime import LocalRuntime
 from harnessd.scripted_model import ScriptedModel
 from harnessd.toolbox import ToolConfig
 from harnessd.trace import Trace
 from tests.conftest import eventually, one_loop
 from tests.support.cut_proxy import CutProxy
 from tests.support.hooked_model import Hook
+from tests.support.proxied import proxied_session
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
 
 CALLS = 8
-
-
-@contextlib.asynccontextmanager
-async def proxied_session(
-    tmp_path: Path, **options: Any
-) -> AsyncIterator[tuple[Session, CutProxy]]:
-    """A launched execd whose session client connects through a cut proxy."""
-    async with serve(
-        LocalRuntime(),
-        workdir=str(tmp_path / "execd-w"),
-        extra_args=("--state-dir", str(tmp_path / "state")),
-        **options,
-    ) as session:
-        direct = session.host, session.port
-        proxy = await CutProxy(*direct).start()
-        try:
-            session.host, session.port = "127.0.0.1", proxy.port
-            await session.reconnect()
-            yield session, proxy
-        finally:
-            session.host, session.port = direct
-            await proxy.close()
 
 
 async def cut_when_all_started(proxy: CutProxy, started: Path) -> None:

@@ -9,66 +9,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import harnessd
 from harnessd.api import ExecdClient
-from harnessd.reattach import Tracked
+from harnessd.calls import Tracked
 from protocol.codec import to_raw
 from protocol.errors import ErrorCode
 from protocol.messages import Error, Reply
 from tests.conftest import eventually
 from tests.support.cut_proxy import CutProxy
 from tests.support.daemon import RunningExecd, start_execd
+from tests.support.proxied import Clients
 
 pytestmark = pytest.mark.anyio
 
 SLOW_APPEND = "echo x >> {f}; sleep 2; echo done"
-
-
-@pytest.fixture
-async def proxy(execd: RunningExecd) -> AsyncIterator[CutProxy]:
-    cut = await CutProxy(execd.host, execd.port).start()
-    try:
-        yield cut
-    finally:
-        await cut.close()
-
-
-class Clients:
-    """Clients of execd through the cut proxy; the fixture closes them all at the end."""
-
-    def __init__(self, execd: RunningExecd, proxy: CutProxy) -> None:
-        self.execd = execd
-        self.proxy = proxy
-        self.opened: list[ExecdClient] = []
-
-    async def connect(self) -> ExecdClient:
-        client = await harnessd.connect(
-            "127.0.0.1", self.proxy.port, self.execd.token, reattach_within=20.0
-        )
-        self.opened.append(client)
-        return client
-
-    async def reconnect(self, lost: ExecdClient) -> ExecdClient:
-        """A new client that adopts what ``lost`` had in flight."""
-        await eventually(lambda: lost.closed, what="the cut noticed")
-        fresh = await self.connect()
-        fresh.adopt(lost.take_orphans())
-        return fresh
-
-
-@pytest.fixture
-async def clients(execd: RunningExecd, proxy: CutProxy) -> AsyncIterator[Clients]:
-    opened = Clients(execd, proxy)
-    try:
-        yield opened
-    finally:
-        for client in opened.opened:
-            await client.close()
 
 
 @pytest.mark.execd_args("--request-grace", "20")
@@ -223,7 +181,7 @@ def _shell_run_as(
 ) -> asyncio.Future[Reply | Error]:
     """Send ``shell.run`` with ``params`` under request id ``rid``; the future of its answer."""
     tracked = Tracked(rid, "shell.run", to_raw(params), b"")
-    return client._send_call("shell.run", params, tracked=tracked)[1]
+    return client._send_call("shell.run", params, tracked=tracked).future
 
 
 async def test_a_call_resent_with_a_known_id_does_not_run_again(

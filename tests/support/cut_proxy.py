@@ -32,6 +32,8 @@ class _Side(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        if self.pair.closed:  # refused (or cut) before the transport was handed over
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self.pair.forward(self, data)
@@ -94,6 +96,8 @@ class CutProxy:
         self.pairs: set[_Pair] = set()
         self.refusing = False
         self.accepted = 0
+        #: Connections closed on arrival while :attr:`refusing` was set.
+        self.refused = 0
         self.cuts = 0
         #: Connections the upstream end closed (while the proxy had not).
         self.closed_by_upstream = 0
@@ -110,6 +114,7 @@ class CutProxy:
     def _accept(self) -> asyncio.Protocol:
         pair = _Pair(self)
         if self.refusing:
+            self.refused += 1
             asyncio.get_running_loop().call_soon(pair.close)
             return pair.client
         self.accepted += 1

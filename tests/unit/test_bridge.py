@@ -18,6 +18,7 @@ import pytest
 
 from execd.config import Config, Limits
 from execd.context import CallContext, Method, bind
+from execd.requests import RequestTable
 from execd.server import Server, ServerProtocol
 from harnessd.api import ExecdClient
 from harnessd.client import ClientProtocol
@@ -101,19 +102,38 @@ class Wired:
     to_client: MemoryTransport
 
 
-async def wire(*, high: int = 256 * 1024, cipher: str = "none") -> Wired:
+async def wire(
+    *, high: int = 256 * 1024, cipher: str = "none", grace: float = 0.2, reattach_within: float = 0
+) -> Wired:
     handlers = Handlers()
     # Calls carry request ids, so a handler outlives a lost connection by the grace: keep it short.
     config = Config(
         marker="m",
-        limits=Limits(stream_window=WINDOW, max_frame=64 * 1024, request_grace=0.2),
+        limits=Limits(stream_window=WINDOW, max_frame=64 * 1024, request_grace=grace),
     )
-    server = ServerProtocol(Server(config, TOKEN, handlers.table()))
+    requests = RequestTable(config.limits)
+    methods = handlers.table() | {method.name: method for method in requests.methods()}
+    server = ServerProtocol(Server(config, TOKEN, methods, requests))
+    client, to_server, to_client = await dial(
+        server, high=high, cipher=cipher, reattach_within=reattach_within
+    )
+    return Wired(client, server, handlers, to_server, to_client)
+
+
+async def dial(
+    server: ServerProtocol,
+    *,
+    high: int = 256 * 1024,
+    cipher: str = "none",
+    reattach_within: float = 0,
+) -> tuple[ExecdClient, MemoryTransport, MemoryTransport]:
+    """A client of ``server`` over a fresh in-memory connection to it."""
     conn = ClientConnection(TOKEN, window=WINDOW, max_frame=64 * 1024, ciphers=(cipher,))
     proto = ClientProtocol(conn)
     to_server, to_client = connect_pair(proto, server, high=high, piece=5000)
     info = await proto.ready
-    return Wired(ExecdClient(proto, info, None), server, handlers, to_server, to_client)
+    client = ExecdClient(proto, info, None, reattach_within=reattach_within)
+    return client, to_server, to_client
 
 
 @pytest.fixture(params=["none", "chacha20-poly1305"])
@@ -283,3 +303,31 @@ def _frames_in(data: bytes) -> int:
         bodies.append(body)
     assert sum(limits.HEADER_SIZE + len(body) for body in bodies) == len(data)
     return len(bodies)
+
+
+async def test_a_carried_stream_keeps_its_bytes_and_they_earn_no_credit_on_the_new_one() -> None:
+    wired = await wire(grace=30, reattach_within=30)
+    client = wired.client
+    handle = client.start(DOWNLOAD, Size(size=4 * WINDOW))
+    cursor = handle.cursor("data")
+    held = handle.call.stream("data")
+    await eventually(lambda: held.buffered == WINDOW, what="a window received, unread")
+    wired.server.abort(None, code=ErrorCode.GOING_AWAY)
+    await eventually(lambda: client.closed, what="the loss noticed")
+    # A second connection to the same execd takes the call on from the bytes held.
+    fresh, _, _ = await dial(ServerProtocol(wired.server.server), reattach_within=30)
+    try:
+        fresh.adopt(client.take_orphans())
+        await eventually(lambda: held.buffered == 2 * WINDOW, what="a window from the new one")
+        assert await cursor.next() == b"d" * WINDOW  # what the first connection brought
+        for _ in range(3):
+            await fresh.noop()  # time for an undue grant to bring more than a window
+        assert held.buffered <= WINDOW
+        rest = bytearray()
+        while (data := await cursor.next()) is not None:
+            rest += data
+        assert bytes(rest) == b"d" * (3 * WINDOW)
+        assert await handle.result() == 4 * WINDOW
+    finally:
+        await fresh.close()
+        await client.close()
