@@ -623,6 +623,10 @@ class RunningCommand(Generic[R]):
     def __init__(self, client: ExecdClient, handle: CallHandle[R]) -> None:
         self._client = client
         self.handle = handle
+        # Bound now, not at the first iteration: a command may be over before that.
+        self._cursors = [
+            (name, handle.cursor(name)) for name in (shell.STDOUT_STREAM, shell.STDERR_STREAM)
+        ]
 
     @property
     def call_id(self) -> int:
@@ -631,38 +635,29 @@ class RunningCommand(Generic[R]):
     async def output(self) -> AsyncIterator[tuple[str, bytes]]:
         """``(stream name, bytes)`` pairs from stdout and stderr, as they arrive.
 
-        Raises ConnectionLost when the connection is lost before both streams ended.
+        Every byte the command wrote comes out, however late iteration
+        starts (the streams are bound when the command is started), and
+        across a reattach. Raises ConnectionLost when the connection is lost
+        before both streams ended.
         """
-        queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=64)
-        failures: list[Exception] = []
-
-        async def pump(name: str) -> None:
-            try:
-                async for data in self.handle.stream(name):
-                    await queue.put((name, data))
-            except Exception as exc:
-                failures.append(exc)
-            finally:
-                await queue.put(None)
-
-        tasks = [
-            asyncio.create_task(pump(shell.STDOUT_STREAM)),
-            asyncio.create_task(pump(shell.STDERR_STREAM)),
-        ]
+        reads: dict[asyncio.Task[bytes | None], tuple[str, StreamCursor]] = {
+            asyncio.ensure_future(cursor.next()): (name, cursor) for name, cursor in self._cursors
+        }
         try:
-            open_streams = len(tasks)
-            while open_streams:
-                item = await queue.get()
-                if item is None:
-                    open_streams -= 1
-                    continue
-                yield item
-            if failures:
-                raise failures[0]
+            while reads:
+                done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+                # Both ready: stdout first, as a terminal would show them.
+                for read in sorted(done, key=lambda task: reads[task][0] != shell.STDOUT_STREAM):
+                    name, cursor = reads.pop(read)
+                    data = read.result()
+                    if data is not None:
+                        reads[asyncio.ensure_future(cursor.next())] = (name, cursor)
+                        yield name, data
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # Left early (or failed): a read not taken yet takes nothing from its stream.
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
 
     async def write_stdin(self, data: bytes) -> None:
         """Send bytes to the command's stdin (needs ``stdin_stream=True``)."""
