@@ -21,7 +21,14 @@ from harnessd.api_services import ServicesClient
 from harnessd.api_watch import WatchClient
 from harnessd.calls import StreamCursor
 from harnessd.client import CallHandle, open_connection
-from harnessd.errors import HandshakeFailed, LocalFileError, ProtocolViolation
+from harnessd.errors import (
+    ConnectionLost,
+    HandshakeFailed,
+    LocalFileError,
+    NotSent,
+    ProtocolViolation,
+    UploadCut,
+)
 from harnessd.opening import Opening
 from harnessd.terminal import TerminalsClient
 from protocol import limits
@@ -44,6 +51,12 @@ def _local_error(action: str, local_path: str, exc: OSError) -> LocalFileError:
     name = errno.errorcode.get(exc.errno or 0)
     reason = exc.strerror or name or "cannot be used"
     return LocalFileError(f"{action}: {local_path}: {reason}", local_path, name)
+
+
+def _upload_cut(path: str, untouched: bool, lost: ConnectionLost) -> UploadCut:
+    """The error of an upload whose connection was lost before the end of its content."""
+    left = "the target is untouched" if untouched else "the target may hold part of it"
+    return UploadCut(f"upload to {path} cut before its end ({lost}); {left}", path, untouched)
 
 
 def _open_for_upload(local_path: str) -> BinaryIO:
@@ -383,7 +396,12 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         append: bool = False,
         durable: bool = False,
     ) -> files.WriteResult:
-        """Write a workspace file from an async iterator of blocks (flow-controlled)."""
+        """Write a workspace file from an async iterator of blocks (flow-controlled).
+
+        Raises :class:`~harnessd.errors.UploadCut` when the connection is
+        lost before all of the content was sent (an atomic write then left
+        the target untouched).
+        """
         params = files.WriteParams(
             path=path,
             stream=True,
@@ -395,17 +413,24 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
             expected_size=size,
         )
         handle = self.start(files.WRITE, params)
+        ending = False
         try:
             async for block in blocks:
                 if handle.done:
                     break
                 await handle.send(files.DATA_STREAM, block)
             if not handle.done:
+                ending = True  # from here on the end of the content may reach execd
                 await handle.send(files.DATA_STREAM, b"", end=True)
+            return await handle.result()
+        except ConnectionLost as exc:
+            handle.cancel()
+            if ending or isinstance(exc, NotSent):
+                raise
+            raise _upload_cut(path, atomic and not append, exc) from exc
         except BaseException:
             handle.cancel()
             raise
-        return await handle.result()
 
     async def upload(
         self, local_path: str, path: str, *, mode: int | None = None

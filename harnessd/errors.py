@@ -31,6 +31,7 @@ __all__ = [
     "NotSent",
     "ProtocolViolation",
     "RemoteError",
+    "UploadCut",
     "remote_error",
 ]
 
@@ -80,6 +81,22 @@ class NotSent(ConnectionLost):
     connection is closed, at once or (on a session that reconnects by
     itself) once ``reattach_within`` seconds passed without a new connection.
     """
+
+
+class UploadCut(ConnectionLost):
+    """The connection was lost while a file's content was being uploaded.
+
+    execd got only part of the content, so the write failed there: an
+    atomic write (the default) left the target as it was (``untouched`` is
+    True); a non-atomic or appending one may have written part of it.
+    ``path`` is the workspace path. Raised by ``write_file``,
+    ``write_stream`` and ``upload``.
+    """
+
+    def __init__(self, message: str, path: str, untouched: bool) -> None:
+        super().__init__(message)
+        self.path = path
+        self.untouched = untouched
 
 
 class LaunchFailed(HarnessError):

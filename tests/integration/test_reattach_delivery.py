@@ -5,7 +5,8 @@ cut where the test says and a new client adopts it. What the caller was
 promised still arrives: a call cut before execd got it is sent again and its
 whole output comes (several MB through ``run_streaming``, ``read_file`` and
 ``download``); a cancel asked after the cut, before or after the new
-connection took the call on, reaches execd and kills the command.
+connection took the call on, reaches execd and kills the command; an upload
+cut half-way says so with its own error, the target untouched.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import harnessd
 from harnessd.api import ExecdClient, RunningCommand
 from tests.conftest import eventually
 from tests.support.cut_proxy import CutProxy
+from tests.support.daemon import RunningExecd
 from tests.support.procs import alive
 from tests.support.proxied import Clients
 
@@ -129,6 +131,36 @@ async def test_a_cancel_after_the_cut_reaches_execd_and_kills_the_command(
     await eventually(lambda: not alive(pid), timeout=10, what="the command killed")
     with pytest.raises((asyncio.CancelledError, harnessd.Cancelled)):
         await asyncio.wait_for(outcome, 10)
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+@pytest.mark.parametrize("reattach", [True, False], ids=["reattach", "no-reattach"])
+async def test_an_upload_cut_half_way_raises_upload_cut_and_leaves_the_target(
+    execd: RunningExecd, clients: Clients, proxy: CutProxy, tmp_path: Path, reattach: bool
+) -> None:
+    local, payload = _source(tmp_path, 32 * MIB)
+    target = tmp_path / "target.bin"
+    target.write_bytes(b"before")
+    if reattach:
+        client = await clients.connect()
+    else:
+        client = await harnessd.connect("127.0.0.1", proxy.port, execd.token)
+        clients.opened.append(client)
+    proxy.cut_after("up", 8 * MIB)
+    with pytest.raises(harnessd.UploadCut) as caught:
+        await asyncio.wait_for(client.upload(str(local), str(target)), 60)
+    assert caught.value.untouched and caught.value.path == str(target)
+    assert "untouched" in str(caught.value)
+    assert len(payload) > 8 * MIB
+    # execd's side of the write fails with the stream: no temporary file is left either.
+    await eventually(
+        lambda: (
+            sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("target"))
+            == ["target.bin"]
+        ),
+        what="the temporary file removed",
+    )
+    assert target.read_bytes() == b"before"
 
 
 @pytest.mark.execd_args("--request-grace", "20")
