@@ -10,6 +10,7 @@ guarantees it never ran. A plain client says NotSent at once.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import harnessd
 from tests.conftest import eventually, one_loop
 from tests.support.cut_proxy import CutProxy
 from tests.support.daemon import RunningExecd
+from tests.support.procs import run_python
 from tests.support.proxied import proxied_session
 
 pytestmark = [pytest.mark.anyio, one_loop, pytest.mark.timeout(120)]
@@ -91,3 +93,14 @@ async def test_a_plain_client_whose_connection_is_down_says_not_sent_at_once(
             await closed.echo(b"x")
     finally:
         await proxy.close()
+
+
+def test_the_reconnect_example_loses_nothing(tmp_path: Path) -> None:
+    """docs/client.md: a cut and an outage under a running command; every line, once."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "reconnect.py"
+    done = run_python(str(example), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    cut, *rest = done.stdout.splitlines()
+    assert re.fullmatch(r"cut after ([5-9]|1\d) lines", cut), cut
+    assert rest == ["all 20 lines, exit code 0, on a new connection", "reconnect: ok"]
+    assert list(tmp_path.iterdir()) == [], "the example leaves nothing in its directory"
