@@ -26,8 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = ROOT / "examples"
-# Pages the index links to that are written separately; a link to one may dangle until it lands.
-PLANNED = {"client.md"}
 TWO_COMMANDS = """\
 # Set up and run the demo: a local execd on loopback driven by a scripted model.
 python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/harnessd demo
@@ -76,7 +74,7 @@ def test_links_go_to_files_that_exist() -> None:
             if re.match(r"[a-z]+://", target):
                 continue
             path = (page.parent / target).resolve()
-            assert path.exists() or path.name in PLANNED, f"{page.name} links to {target}"
+            assert path.exists(), f"{page.name} links to {target}"
 
 
 # -- command lines ---------------------------------------------------------------------
