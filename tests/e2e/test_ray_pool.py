@@ -25,6 +25,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from bench.agents import processes_mentioning  # noqa: E402
+from bench.ray_cluster import cluster_nodes, local_cluster, node_args, raylet_pid  # noqa: E402
 from harnessd.errors import LaunchFailed  # noqa: E402
 from harnessd.ray import RolloutPool  # noqa: E402
 from harnessd.ray_nodes import NodeWorkspace  # noqa: E402
@@ -40,7 +41,6 @@ from harnessd.rollouts import (  # noqa: E402
     ScriptedModelSpec,
 )
 from tests.support.procs import wait_until_none_mention  # noqa: E402
-from tests.support.ray_cluster import cluster_nodes, local_cluster, node_args, raylet_pid  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -1,11 +1,11 @@
-"""A local multi-node Ray cluster for the tests: every node on loopback, a few processes each.
+"""A local multi-node Ray cluster for the bench and the tests: every node on loopback.
 
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (set in ``tests/conftest.py`` before
-anything imports Ray) makes Ray take loopback as this machine's address, so
-its servers listen on 127.0.0.1 only and ``ray.init(address=...)`` does not
-trade ``127.0.0.1`` for the machine's network address. Ray's files (sockets,
-logs, the address of the latest cluster) go to a private temporary directory
-removed afterwards.
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set before anything imports Ray
+(``tests/conftest.py``, ``bench/ray_pool.py``), makes Ray take loopback as
+this machine's address, so its servers listen on 127.0.0.1 only and
+``ray.init(address=...)`` does not trade ``127.0.0.1`` for the machine's
+network address. Ray's files (sockets, logs, the address of the latest
+cluster) go to a private temporary directory removed afterwards.
 """
 
 from __future__ import annotations
