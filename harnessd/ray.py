@@ -386,7 +386,14 @@ class RolloutPool:
         self._agents: dict[str, ActorHandle[NodeAgent]] = {}
         self._node_info: dict[str, NodeInfo] = {}
         self._workspace_nodes = list(workspace_nodes or dict.fromkeys(self._actor_node.values()))
-        self._start_agents([*self._actor_node.values(), *self._workspace_nodes])
+        try:
+            self._start_agents([*self._actor_node.values(), *self._workspace_nodes])
+        except BaseException:
+            handles: list[ActorHandle[Any]] = [*self._actors.values(), *self._agents.values()]
+            for handle in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            raise
         self._inflight: dict[ray.ObjectRef[RolloutResult], RolloutHandle] = {}
         self._reaps: dict[ray.ObjectRef[Reaped], _Loss] = {}
         self._retries: collections.deque[RolloutHandle] = collections.deque()
@@ -678,6 +685,7 @@ class RolloutPool:
             self._counts.timed_out += 1
             self._done.append(cause)
         elif handle.workspace_node != handle.node and handle.workspace_node not in live_nodes():
+            self._agents.pop(handle.workspace_node, None)  # gone with its node
             self._lose(handle, actor, f"the node of its workspace is gone ({cause!r})")
         else:
             self._counts.failed += 1
@@ -865,6 +873,11 @@ class RolloutPool:
         by the agents within ``reap_timeout`` seconds.
         """
         self._closing = True  # nothing is tried again from here on
+        if not ray.is_initialized():  # Ray went first, and everything of the pool's with it
+            self._inflight.clear()
+            self._reaps.clear()
+            self._actors.clear()
+            self._agents.clear()
         running = list(self._inflight.values())
         for name in list(self._actors):
             self._bury(name)

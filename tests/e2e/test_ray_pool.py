@@ -153,10 +153,11 @@ def test_retries_go_first_and_a_lost_attempt_never_runs_beside_its_retry(
     """
     pool = RolloutPool(3, sessions_per_actor=3, launches_per_actor=1, retries=1)
     try:
-        # Even placement by default: one actor on each node.
+        # Even placement by default: one actor on each node, where each says it is.
         assert sorted(pool.node_of(name) for name in pool.actors) == sorted(
             node.node_id for node in cluster_nodes(cluster)
         )
+        assert all(pool.status(name).node == pool.node_of(name) for name in pool.actors)
         total, submitted_at, placed = 15, {}, collections.defaultdict(list)
         for n in range(9):
             placed[pool.submit(request(tmp_path, n, think=1.5)).actor].append(f"r{n}")
@@ -447,3 +448,41 @@ def test_a_hung_actor_is_detected_by_its_unanswered_pings(cluster: Cluster, tmp_
         assert pool.metrics().hung_actors == 1 and pool.actors == []
     assert processes_mentioning(pool.tag) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_actors_go_into_a_placement_group_and_reserve_per_session(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 0.5}, {"CPU": 0.5}], strategy="STRICT_SPREAD")
+    held = f"CPU_group_{group.id.hex()}"  # what is left of the group's CPU
+    try:
+        ray.get(group.ready(), timeout=120)
+        assert free_of(held, 1.0)
+        with RolloutPool(
+            2,
+            sessions_per_actor=2,
+            placement_group=group,
+            resources_per_session={"CPU": 0.25},
+        ) as pool:
+            nodes = [pool.node_of(name) for name in pool.actors]
+            assert len(set(nodes)) == 2  # one bundle each, on two nodes
+            assert [pool.status(name).node for name in pool.actors] == nodes
+            # Each actor holds all of its bundle's CPU: two sessions of 0.25.
+            assert free_of(held, 0.0), ray.available_resources()
+            outcomes = pool.run([request(tmp_path, n) for n in range(2)], timeout=300)
+            for n, outcome in enumerate(outcomes):
+                assert check_result(outcome, n).node in nodes
+    finally:
+        remove_placement_group(group)
+
+
+def free_of(resource: str, amount: float) -> bool:
+    """Whether Ray comes to report ``amount`` of ``resource`` available (reports lag a little)."""
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get(resource, 0.0) != pytest.approx(amount):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
