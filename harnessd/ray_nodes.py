@@ -27,10 +27,10 @@ agent on the workspace's node.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import posixpath
-import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +50,13 @@ from harnessd.rollouts import (
     launch_execd,
     reap_marked,
 )
-from harnessd.runtime import DEFAULT_MAX_READ, CommandResult, LocalRuntime, WorkspaceError
+from harnessd.runtime import (
+    DEFAULT_MAX_READ,
+    CommandResult,
+    LocalRuntime,
+    WorkspaceError,
+    remove_workdir,
+)
 from protocol.values import DEFAULT_MARKER_VAR
 
 __all__ = [
@@ -218,15 +224,11 @@ class NodeAgent:
         await _local({}).write_file(path, data, mode=mode, make_parents=make_parents)
 
     async def remove(self, path: str) -> None:
-        """Remove a workspace directory and everything in it."""
-        import asyncio
-
-        await asyncio.to_thread(shutil.rmtree, path, True)
+        """Remove a workspace directory and everything in it (an absolute path, not ``/``)."""
+        await remove_workdir(_local({}), path)
 
     async def reap(self, factory: Any, info: RolloutInfo) -> Reaped:
         """Stop the attempt ``info`` of ``factory`` (a :class:`~harnessd.rollouts.Reapable`) here."""
-        import asyncio
-
         reaped: Reaped = await asyncio.to_thread(factory.reap, info)
         return reaped
 
