@@ -346,7 +346,7 @@ class PlacedWorkspace:
 
     def directory(self, info: RolloutInfo) -> str:
         """The attempt's directory on the node."""
-        return posixpath.join(self.spec.base_dir or self.node.tmpdir, info.marker)
+        return posixpath.join(self.spec.base_dir or self.node.tmpdir, f"rollout-{info.marker}")
 
     def __call__(self, info: RolloutInfo) -> Workspace:
         base = self.directory(info)

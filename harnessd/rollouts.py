@@ -11,7 +11,7 @@ it: launch execd, run the agent loop, read execd's ledger head, close the
 session (marker cleanup), and return a :class:`RolloutResult` -- transcript,
 trace, ledger head, timings -- that is plain data too.
 
-Every attempt's workspace is named by its marker (``<base>/<marker>``) and
+Every attempt's workspace is named by its marker (``<base>/rollout-<marker>``) and
 every process of it, execd included, carries that marker, so an attempt whose
 harness died can be stopped and its directory removed from the machine the
 workspace is on (:meth:`LocalWorkspace.reap`) without knowing any PID.
@@ -242,7 +242,7 @@ def reap_marked(directory: str | None, marker: str, *, timeout: float = 10.0) ->
 class ExecdSettings:
     """How a runtime factory lays out each attempt's directory and starts execd in it.
 
-    Each attempt gets ``<base_dir>/<marker>/`` (``base_dir`` default: the
+    Each attempt gets ``<base_dir>/rollout-<marker>/`` (``base_dir`` default: the
     temporary directory of the machine the workspace is on) holding the
     workspace the tools work in (``ws/``), execd's private directory (token
     file and log) and its state directory (the ledger). execd and
@@ -269,7 +269,7 @@ class LocalWorkspace(ExecdSettings):
 
     def directory(self, info: RolloutInfo) -> str:
         """The attempt's directory (where ``base_dir`` is None: in this machine's temporary directory)."""
-        return os.path.join(self.base_dir or tempfile.gettempdir(), info.marker)
+        return os.path.join(self.base_dir or tempfile.gettempdir(), f"rollout-{info.marker}")
 
     def __call__(self, info: RolloutInfo) -> Workspace:
         base = self.directory(info)
@@ -295,16 +295,17 @@ def launch_execd(
     bind_host: str = "127.0.0.1",
     encrypt: bool | str = False,
 ) -> Launch:
-    """:func:`~harnessd.launcher.serve` for one attempt whose directory ``base`` exists.
+    """:func:`~harnessd.launcher.serve` for one attempt whose directory ``base`` and ``base/ws`` exist.
 
-    execd's private directory is ``base/execd``, its state ``base/state``; its
-    marker is the attempt's.
+    execd runs in ``base/ws``; its private directory is ``base/execd``, its
+    state ``base/state``; its marker is the attempt's.
     """
     return serve(
         runtime,
         execd_command=settings.execd_command,
         bind_host=bind_host,
         workdir=os.path.join(base, "execd"),
+        cwd=os.path.join(base, "ws"),
         marker=info.marker,
         lease=settings.lease,
         encrypt=encrypt,

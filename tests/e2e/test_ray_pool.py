@@ -221,7 +221,7 @@ def test_retries_go_first_and_a_lost_attempt_never_runs_beside_its_retry(
     # Each lost attempt was killed by its marker and its directory removed before its retry.
     for event in pool.lost:
         assert event.reaped is not None and event.reaped.clean, event.reaped
-        assert event.workspace == str(tmp_path / "ws" / event.marker)
+        assert event.workspace == str(tmp_path / "ws" / f"rollout-{event.marker}")
         assert event.reaped.directory == event.workspace and event.retry_delay == 0.0
         assert event.node == pool.node_of(event.actor)  # reaped on the victim's own node
     looped = [e for e in pool.lost if e.marker in attempts_in(tmp_path / "fx" / e.rollout_id)]
@@ -324,7 +324,7 @@ def test_a_node_removed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
     assert lost and all(event.actor == victim and event.node == doomed.node_id for event in lost)
     for event in lost:
         assert event.reaped is None and event.retry_delay == lease + 2.0
-        assert event.workspace == str(tmp_path / "ws" / event.marker)
+        assert event.workspace == str(tmp_path / "ws" / f"rollout-{event.marker}")
         result = next(o for o in outcomes if o.rollout_id == event.rollout_id)
         assert isinstance(result, RolloutResult) and result.started_at >= event.noticed_at + lease
     assert (metrics.unreaped, metrics.lost, metrics.retried) == (len(lost), len(lost), len(lost))
@@ -332,7 +332,9 @@ def test_a_node_removed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
     # The lease ended every process of the lost attempts; their directories are what is left.
     assert wait_until_none_mention(pool.tag, 15.0) == []
     left = sorted(path.name for path in (tmp_path / "ws").iterdir())
-    started = sorted(event.marker for event in lost if (tmp_path / "ws" / event.marker).exists())
+    started = sorted(
+        name for event in lost if (tmp_path / "ws" / (name := f"rollout-{event.marker}")).exists()
+    )
     assert left == started
 
 

@@ -123,17 +123,17 @@ def test_an_abandoned_attempt_is_reaped_by_its_marker_execd_included(tmp_path: P
         return workspace.root
 
     root = asyncio.run(abandon())
-    assert local.directory(info) == str(tmp_path / info.marker) and os.path.isdir(root)
+    assert local.directory(info) == str(tmp_path / f"rollout-{info.marker}") and os.path.isdir(root)
     before = processes_mentioning(info.marker)
     assert any("execd" in line for line in before), before
     reaped = local.reap(info)
     # The supervisor shell, execd and the sleep carried the marker; none is left.
     assert reaped.killed >= 3 and reaped.clean, reaped
-    assert (reaped.directory, reaped.removed) == (str(tmp_path / info.marker), True)
+    assert (reaped.directory, reaped.removed) == (str(tmp_path / f"rollout-{info.marker}"), True)
     assert asyncio.run(wait_for_no_process(info.marker, 15.0)) == []
     assert list(tmp_path.iterdir()) == []
     # Reaping again (a retry of the reap) finds nothing and does no harm.
-    assert local.reap(info) == Reaped(0, (), str(tmp_path / info.marker), False)
+    assert local.reap(info) == Reaped(0, (), str(tmp_path / f"rollout-{info.marker}"), False)
 
 
 def test_a_deadline_stops_the_attempt_and_still_cleans_up(tmp_path: Path) -> None:
