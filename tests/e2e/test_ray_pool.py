@@ -24,7 +24,6 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from bench.agents import processes_mentioning  # noqa: E402
 from bench.ray_cluster import cluster_nodes, local_cluster, node_args, raylet_pid  # noqa: E402
 from harnessd.errors import LaunchFailed  # noqa: E402
 from harnessd.ray import RolloutPool  # noqa: E402
@@ -197,7 +196,8 @@ def test_retries_go_first_and_a_lost_attempt_never_runs_beside_its_retry(
                 next_n += 1
         survivor_status = pool.status(survivor)
         metrics = pool.metrics()
-        left = processes_mentioning(pool.tag)
+        # Supervisor shells exit a moment after their execd; a lease (60 s) is far longer.
+        left = wait_until_none_mention(pool.tag, 15.0)
     finally:
         pool.shutdown()
     results = {o.rollout_id: o for o in outcomes}
@@ -279,7 +279,8 @@ def test_a_workspace_on_another_node_than_its_harness(cluster: Cluster, tmp_path
         wait_for_loops(tmp_path, [h.rollout_id for h in handles if h.actor == victim], 2)
         ray.kill(pool.actor(victim), no_restart=True)
         outcomes = list(pool.results(timeout=300))
-        left = processes_mentioning(pool.tag)
+        # Supervisor shells exit a moment after their execd; a lease (60 s) is far longer.
+        left = wait_until_none_mention(pool.tag, 15.0)
     finally:
         pool.shutdown()
     assert sorted(o.rollout_id for o in outcomes) == sorted(h.rollout_id for h in handles)
@@ -414,7 +415,7 @@ def test_backpressure_then_no_live_actor_then_lost_without_retries(
             pool.submit(request(tmp_path, 3))
         # Queued work with no actor left ends as lost too, instead of waiting forever.
         assert [type(o) for o in pool.run([request(tmp_path, 4)])] == [RolloutLost]
-        assert processes_mentioning(pool.tag) == []
+        assert wait_until_none_mention(pool.tag, 15.0) == []
         assert list((tmp_path / "ws").iterdir()) == []
     finally:
         pool.shutdown()
@@ -454,7 +455,7 @@ def test_a_hung_actor_is_detected_by_its_unanswered_pings(cluster: Cluster, tmp_
         assert isinstance(outcome, RolloutLost) and outcome.reaped is not None, outcome
         assert outcome.reaped.clean and outcome.reaped.killed >= 1  # execd, launched before
         assert pool.metrics().hung_actors == 1 and pool.actors == []
-    assert processes_mentioning(pool.tag) == []
+    assert wait_until_none_mention(pool.tag, 15.0) == []
     assert list(tmp_path.iterdir()) == []
 
 
