@@ -80,6 +80,15 @@ def _request(n: int, base: str, think: float) -> RolloutRequest:
     )
 
 
+def _left_after(tag: str, seconds: float) -> list[str]:
+    """Processes still carrying ``tag`` after up to ``seconds`` (a supervisor shell exits a
+    moment after its execd; a lease lasts a minute)."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_mentioning(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def _spread(values: Sequence[float]) -> str:
     if not values:
         return "none"
@@ -124,7 +133,7 @@ def run(config: PoolBenchConfig) -> bool:
                     ray.kill(pool.actor(victim), no_restart=True)
                 if now < stop_at:
                     refill()
-            left = processes_mentioning(pool.tag)
+            left = _left_after(pool.tag, 15.0)
         finally:
             pool.shutdown()
         before = sum(1 for at, _ in finished if measure_from <= at < kill_at)
@@ -164,6 +173,8 @@ def run(config: PoolBenchConfig) -> bool:
         )
         workspaces = os.listdir(base)
         print(f"left: {len(left)} processes, {len(workspaces)} workspace directories")
+        for line in left[:10]:
+            print(f"LEFT {line}")
         ok = not failures and not left and not workspaces and len(by_id) == submitted
         for failure in failures[:10]:
             print(f"FAILED {failure}")
