@@ -2,13 +2,17 @@
 
 import os
 
+# Ray on loopback only: it takes 127.0.0.1 as this machine's address and listens there.
+# (Read when Ray is imported; a cluster of many machines leaves it unset.)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 import ray
 
 from harnessd.ray import RolloutPool
 from harnessd.rollouts import LocalWorkspace, RolloutRequest, ScriptedModelSpec
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
 # A real run builds its model in the actor: OpenAIModelSpec(model, base_url, "API_KEY_VAR").
 turns = [
@@ -21,11 +25,13 @@ requests = [
         task=f"rollout {n}: compute the answer",
         model=ScriptedModelSpec(turns, think=0.1),
         runtime=LocalWorkspace(),  # execd in a fresh directory; its lease: gone 30 s after us
+        deadline=120.0,  # the whole attempt: launch, run, close
     )
     for n in range(8)
 ]
 
-with RolloutPool(actors=2, sessions_per_actor=4, retries=1) as pool:
+# Actors spread evenly over the nodes; a lost rollout is reaped, then tried once more.
+with RolloutPool(actors=2, sessions_per_actor=4, launches_per_actor=2, retries=1) as pool:
     for result in pool.run(requests):
         if isinstance(result, Exception):
             print(f"{result.rollout_id}: {result}")
@@ -36,4 +42,9 @@ with RolloutPool(actors=2, sessions_per_actor=4, retries=1) as pool:
             f"{result.tool_calls} tool calls, ledger seq {result.ledger_seq}, "
             f"{result.timings.total:.2f} s"
         )
+    metrics = pool.metrics()
+    print(
+        f"{metrics.completed} completed, {metrics.lost} lost, {metrics.retried} retried; "
+        f"tool calls p50 {metrics.tool_call_ms[0]:.1f} ms over {metrics.tool_calls} calls"
+    )
 ray.shutdown()

@@ -80,7 +80,8 @@ KINDS = (
     Kind("launcher directory", re.compile(r"execd-[0-9a-f]{16}"), _launcher_shape),
     Kind("run workspace", re.compile(rf"harnessd-run-{_MKDTEMP}"), _any_shape),
     Kind("demo workspace", re.compile(rf"harnessd-demo-{_MKDTEMP}"), _any_shape),
-    Kind("rollout directory", re.compile(rf"rollout-{_MKDTEMP}"), _rollout_shape),
+    # rollout-<the attempt's marker>
+    Kind("rollout directory", re.compile(r"rollout-[A-Za-z0-9_.-]{1,128}"), _rollout_shape),
 )
 """What :func:`collect` looks for in each directory it searches."""
 

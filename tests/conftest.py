@@ -44,6 +44,10 @@ register_profiles()
 if os.environ.get("HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
+# Ray takes loopback as this machine's address, so a test's Ray listens on 127.0.0.1 only
+# (read once, when Ray is first imported: hence here, before any test module).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 UVLOOP = pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")
 ASYNCIO = pytest.param(("asyncio", {}), id="asyncio")
 

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
+import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.agents import wait_for_no_process
+from bench.agents import processes_mentioning, wait_for_no_process
 from harnessd.errors import LaunchFailed
 from harnessd.rollouts import (
     LocalWorkspace,
     OpenAIModelSpec,
+    Reaped,
+    RolloutFailed,
     RolloutInfo,
+    RolloutLost,
     RolloutRequest,
+    RolloutTimedOut,
     ScriptedModelSpec,
     Workspace,
     run_rollout,
@@ -100,3 +106,78 @@ def test_a_launch_failure_raises_and_still_cleans_the_workspace(tmp_path: Path) 
     with pytest.raises(LaunchFailed):
         asyncio.run(run_rollout(request, info))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_abandoned_attempt_is_reaped_by_its_marker_execd_included(tmp_path: Path) -> None:
+    """What a pool does for an attempt whose harness died: kill all of it, remove its directory."""
+    local = LocalWorkspace(base_dir=str(tmp_path), lease=60.0)
+    info = RolloutInfo(rollout_id="r", attempt=1, marker=f"reap-{secrets.token_hex(6)}")
+
+    async def abandon() -> str:
+        workspace = local(info)
+        session = await workspace.launch
+        assert workspace.root is not None
+        await session.client.run(command="sleep 600 >/dev/null 2>&1 &", cwd=workspace.root)
+        # The harness goes away without closing: execd and the sleep live on (lease 60 s).
+        await session.client.close()
+        return workspace.root
+
+    root = asyncio.run(abandon())
+    assert local.directory(info) == str(tmp_path / f"rollout-{info.marker}") and os.path.isdir(root)
+    before = processes_mentioning(info.marker)
+    assert any("execd" in line for line in before), before
+    reaped = local.reap(info)
+    # The supervisor shell, execd and the sleep carried the marker; none is left.
+    assert reaped.killed >= 3 and reaped.clean, reaped
+    assert (reaped.directory, reaped.removed) == (str(tmp_path / f"rollout-{info.marker}"), True)
+    assert asyncio.run(wait_for_no_process(info.marker, 15.0)) == []
+    assert list(tmp_path.iterdir()) == []
+    # Reaping again (a retry of the reap) finds nothing and does no harm.
+    assert local.reap(info) == Reaped(0, (), str(tmp_path / f"rollout-{info.marker}"), False)
+
+
+def test_a_deadline_stops_the_attempt_and_still_cleans_up(tmp_path: Path) -> None:
+    slow = ScriptedModelSpec(TURNS, think=30.0)
+    request = RolloutRequest(
+        task="t",
+        model=slow,
+        runtime=LocalWorkspace(base_dir=str(tmp_path), lease=30.0),
+        deadline=3.0,
+    )
+    info = RolloutInfo(
+        rollout_id=request.rollout_id, attempt=1, marker=f"late-{secrets.token_hex(6)}"
+    )
+    with pytest.raises(RolloutTimedOut) as timed_out:
+        asyncio.run(run_rollout(request, info))
+    assert (timed_out.value.rollout_id, timed_out.value.attempt, timed_out.value.hung) == (
+        request.rollout_id,
+        1,
+        False,
+    )
+    assert "deadline of 3 s" in str(timed_out.value)
+    assert list(tmp_path.iterdir()) == []
+    assert asyncio.run(wait_for_no_process(info.marker, 15.0)) == []
+
+
+def test_outcomes_pickle_with_their_fields() -> None:
+    reaped = Reaped(3, (), "/tmp/x", True)
+    lost = RolloutLost(
+        "lost",
+        "r1",
+        2,
+        "a0",
+        marker="m-1",
+        node="n1",
+        workspace="/tmp/x",
+        reaped=reaped,
+        retry_delay=1.5,
+        noticed_at=12.0,
+    )
+    again = pickle.loads(pickle.dumps(lost))  # noqa: S301 - our own bytes
+    assert type(again) is RolloutLost and str(again) == "lost"
+    assert vars(again) == vars(lost)
+    failed = RolloutFailed("failed", "r2", 1, LaunchFailed("no execd"))
+    back = pickle.loads(pickle.dumps(failed))  # noqa: S301 - our own bytes
+    assert (back.rollout_id, back.attempt, str(back.cause)) == ("r2", 1, "no execd")
+    hung = pickle.loads(pickle.dumps(RolloutTimedOut("late", "r3", 1, hung=True)))  # noqa: S301
+    assert (hung.rollout_id, hung.hung) == ("r3", True)

@@ -175,13 +175,18 @@ def test_ray_rollouts(tmp_path: Path) -> None:
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     try:
         env = dict(os.environ, RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0")
+        env.pop(
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None
+        )  # the example keeps Ray on loopback itself
         done = run_python(str(EXAMPLES / "ray_rollouts.py"), cwd=tmp_path, env=env, timeout=280)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    *lines, totals = done.stdout.splitlines()
     assert len(lines) == 8, done.stdout
     assert all(": finished, answer 42, 2 tool calls, ledger seq 9, " in line for line in lines)
+    assert totals.startswith("8 completed, 0 lost, 0 retried; tool calls p50 "), totals
+    assert totals.endswith(" ms over 16 calls"), totals
     tags = {
         match.group(1) for match in re.finditer(r" on (rollouts-[0-9a-f]+)-a[01]:", done.stdout)
     }

@@ -90,7 +90,7 @@ PROGRAMS = {
     },
     **{
         f"python -m bench{module}": ["-m", f"bench{module}"]
-        for module in ("", ".scale", ".agents", ".soak", ".cores", ".instructions")
+        for module in ("", ".scale", ".agents", ".soak", ".cores", ".instructions", ".ray_pool")
     },
     # The examples that take options (asking the others for --help would run them).
     **{
