@@ -61,7 +61,7 @@ from protocol.rpc import types as rpc_types
 from tests.conftest import eventually, one_loop
 from tests.support.cut_proxy import CutProxy
 from tests.support.daemon import RunningExecd, start_execd
-from tests.support.procs import allow_open_files, cmdline, descriptors
+from tests.support.procs import allow_open_files, cmdline, descriptors, tcp_sockets_on
 
 pytestmark = [
     pytest.mark.anyio,
@@ -1093,7 +1093,9 @@ async def test_a_blackholed_connection_is_given_up(tmp_path: Path) -> None:
             await eventually(
                 lambda: marked_matching(running.marker, "sleep 60"), what="the sleeper running"
             )
-            before = descriptors(running.pid, running.port)
+            # execd's own sockets on its port (the listener and its connections): what else it
+            # opens meanwhile (a pidfd, a log) must not hide the one socket that goes.
+            before = tcp_sockets_on(running.port)
             assert proxy.blackhole() == 1
             cut_at = time.monotonic()
             await eventually(
@@ -1105,9 +1107,9 @@ async def test_a_blackholed_connection_is_given_up(tmp_path: Path) -> None:
             given_up = time.monotonic() - cut_at
             assert given_up >= idle * 0.75, given_up  # not before it went silent for long enough
             await eventually(
-                lambda: descriptors(running.pid, running.port) < before,
+                lambda: tcp_sockets_on(running.port) < before,
                 timeout=10,
-                what="the connection's descriptor released",
+                what="the connection's socket released",
             )
             # The live client, silent for many idle timeouts, is still served, and so is
             # the call it has running all along.

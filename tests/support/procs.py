@@ -71,7 +71,7 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z", "X")
 
 
-def _tcp_sockets_on(port: int) -> int:
+def tcp_sockets_on(port: int) -> int:
     """TCP sockets bound to local ``port`` that still belong to an open file."""
     count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -102,7 +102,7 @@ def descriptors(pid: int, port: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
     except PermissionError:
-        return _tcp_sockets_on(port)
+        return tcp_sockets_on(port)
 
 
 def searchable_path(path: str | None = None) -> str:
