@@ -524,6 +524,18 @@ class RequestTable:
     def kept(self) -> int:
         return len(self._finished)
 
+    def locate(self, rid: bytes) -> tuple[int, int] | None:
+        """The connection id and call id the handler of running request ``rid`` was given.
+
+        A capability keeps what a call runs by those (``shell.signal`` finds
+        a command by request id through them, from any connection); None when
+        no request of that id runs.
+        """
+        req = self._running.get(rid)
+        if req is None:
+            return None
+        return -req.origin_connection, req.call_id  # a TrackedCall's (virtual) connection
+
     # -- running a tracked call --------------------------------------------------------
 
     def _lookup(self, rid: bytes) -> Request | Finished | None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from protocol import limits
@@ -151,3 +153,35 @@ async def test_an_attach_that_ends_while_it_replays_kept_output_leaves_no_comman
     answer = await asyncio.to_thread(attach_and_end)
     assert how == "connection-lost" or (answer is not None and _cancelled(answer)), answer
     await _killed(pid)
+
+
+@pytest.mark.execd_args("--request-grace", "20")
+async def test_a_signal_names_a_command_by_its_request_id_from_any_connection(
+    execd: RunningExecd, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    rid = await asyncio.to_thread(_start_and_leave, execd, _script(pidfile))
+    pid = await _started(pidfile)
+
+    def signal_by(params: dict[str, Any]) -> Reply | Error:
+        peer = authenticated(execd)
+        try:
+            return peer.wait_answer(peer.start(shell_rpc.SIGNAL.name, params))
+        finally:
+            peer.close()
+
+    unknown = await asyncio.to_thread(
+        signal_by, {"signal": 0, "rid": os.urandom(limits.REQUEST_ID_SIZE)}
+    )
+    assert isinstance(unknown, Error) and unknown.code == ErrorCode.NO_SUCH_PROCESS, unknown
+    both = await asyncio.to_thread(signal_by, {"signal": 0, "rid": rid, "call_id": 1})
+    assert isinstance(both, Error) and both.code == ErrorCode.INVALID_PARAMS, both
+    assert alive(pid)
+
+    answer = await asyncio.to_thread(signal_by, {"signal": signal.SIGTERM, "rid": rid})
+    assert isinstance(answer, Reply), answer
+    assert msgspec.msgpack.decode(answer.result, type=shell_rpc.SignalResult).pid == pid
+    await _killed(pid)
+    # The call it named is over: the request id names no running command any more.
+    gone = await asyncio.to_thread(signal_by, {"signal": 0, "rid": rid})
+    assert isinstance(gone, Error) and gone.code == ErrorCode.NO_SUCH_PROCESS, gone
