@@ -4,13 +4,13 @@ Frame-level peers (:class:`~tests.integration.test_adversarial.RawPeer`)
 against a real execd, so that the test decides what arrives together: a
 tracked ``shell.run`` is started on one connection, which then closes (the
 command runs on unbound, for its grace); a second connection takes it on.
-A Cancel in the same read as the attach (or as a copy of the call) kills
-the command, however early it comes; so does one that comes while the
-attach is still replaying kept output, and an attach lost while replaying
-leaves the command its grace again. ``shell.signal`` names the command by
-its request id from any connection. Each command would outlive the test's
-patience (sleep 60) and the grace (20 s) unless what the test sent reaches
-it.
+A Cancel in the same read as the attach (or as a copy of the call, or as
+an attach that supersedes a connection still open) kills the command,
+however early it comes; so does one that comes while the attach is still
+replaying kept output, and an attach lost while replaying leaves the
+command its grace again. ``shell.signal`` names the command by its request
+id from any connection. Each command would outlive the test's patience
+(sleep 60) and the grace (20 s) unless what the test sent reaches it.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _send(peer: RawPeer, method: str, params: Any, rid: bytes | None = None) -> 
     return call_id, frame
 
 
-def _start_and_leave(execd: RunningExecd, command: str, *, stream: bool = False) -> bytes:
-    """Run ``command`` under a fresh request id on a connection that then closes; the id."""
+def _start(execd: RunningExecd, command: str, *, stream: bool = False) -> tuple[RawPeer, bytes]:
+    """Run ``command`` under a fresh request id; the connection it runs on, and the id."""
     rid = os.urandom(limits.REQUEST_ID_SIZE)
     peer = authenticated(execd)
     try:
@@ -63,10 +63,18 @@ def _start_and_leave(execd: RunningExecd, command: str, *, stream: bool = False)
         _, frame = _send(peer, shell_rpc.RUN.name, params, rid)
         peer.send(frame)
         if stream:
-            # Its output fills this connection's window (never granted back) before it closes.
+            # Its output fills this connection's window (never granted back).
             _receive_output(peer, limits.DEFAULT_STREAM_WINDOW)
-    finally:
+    except BaseException:
         peer.close()
+        raise
+    return peer, rid
+
+
+def _start_and_leave(execd: RunningExecd, command: str, *, stream: bool = False) -> bytes:
+    """Run ``command`` under a fresh request id on a connection that then closes; the id."""
+    peer, rid = _start(execd, command, stream=stream)
+    peer.close()
     return rid
 
 
@@ -92,13 +100,16 @@ def _cancelled(answer: Reply | Error) -> bool:
 
 
 @pytest.mark.execd_args("--request-grace", "20")
-@pytest.mark.parametrize("how", ["attach", "copy-of-the-call"])
+@pytest.mark.parametrize("how", ["attach", "copy-of-the-call", "attach-superseding"])
 async def test_a_cancel_in_the_same_read_as_the_attach_kills_the_command(
     execd: RunningExecd, tmp_path: Path, how: str
 ) -> None:
     pidfile = tmp_path / "pid"
     command = _script(pidfile)
-    rid = await asyncio.to_thread(_start_and_leave, execd, command)
+    # Superseding: the first connection stays open, and the attach closes it.
+    first, rid = await asyncio.to_thread(_start, execd, command)
+    if how != "attach-superseding":
+        first.close()
     pid = await _started(pidfile)
 
     def take_on_and_cancel() -> Reply | Error:
@@ -114,7 +125,12 @@ async def test_a_cancel_in_the_same_read_as_the_attach_kills_the_command(
         finally:
             peer.close()
 
-    answer = await asyncio.to_thread(take_on_and_cancel)
+    try:
+        answer = await asyncio.to_thread(take_on_and_cancel)
+        if how == "attach-superseding":
+            assert await asyncio.to_thread(first.expect_abort) == ErrorCode.GOING_AWAY
+    finally:
+        first.close()
     assert _cancelled(answer), answer
     await _killed(pid)
 
