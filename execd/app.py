@@ -61,17 +61,23 @@ def announce(event: dict[str, Any]) -> None:
 
 
 def build_capability(
-    name: str, config: Config, base_env: dict[str, str], budgets: Budgets
+    name: str,
+    config: Config,
+    base_env: dict[str, str],
+    budgets: Budgets,
+    requests: RequestTable | None = None,
 ) -> Capability:
     """The capability whose methods are named ``<name>.*`` (its module is imported here).
 
     Those that start processes share ``budgets.processes``; files holds
-    ``budgets.open_files`` (:mod:`execd.budget`).
+    ``budgets.open_files`` (:mod:`execd.budget`). Shell finds calls by request
+    id in ``requests``.
     """
     if name == "shell":
         from execd.shell import ShellCapability
 
-        return ShellCapability(config, base_env, budgets.processes)
+        locate = requests.locate if requests is not None else None
+        return ShellCapability(config, base_env, budgets.processes, locate)
     if name == "terminal":
         from execd.terminal import TerminalCapability
 
@@ -170,10 +176,10 @@ class Execd:
             extra={LEDGER_PATH_VAR: config.ledger_dir},
         )
         self.budgets = Budgets.of(config.limits)
-        self.methods = MethodTable(
-            lambda name: build_capability(name, config, base_env, self.budgets)
-        )
         self.requests = RequestTable(config.limits)
+        self.methods = MethodTable(
+            lambda name: build_capability(name, config, base_env, self.budgets, self.requests)
+        )
         for method in [*self.requests.methods(), *self._core_methods()]:
             self.methods.register(method)
         self.server = Server(config, token, self.methods, self.requests)

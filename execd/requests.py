@@ -73,6 +73,18 @@ still running is kept as above. A per-stream lock orders a live send
 and the replay of an attach, so the attaching call sees the stream's bytes
 exactly once and in order.
 
+An attach takes the request on as it is received: its handler is run
+``direct`` (:mod:`execd.calls`), and its first step binds the request to the
+attaching connection before the next frame is read, though the request's
+live output goes to the attaching call only once the replay holds every
+stream's lock. So a Cancel of the attaching call, whenever it comes (right
+behind the attach, during the replay, while it waits for the end), finds the
+request held by it and cancels the call itself. An attach that ends any
+other way while the request runs (its connection lost, its replay failed)
+releases it: unbound again, with a fresh grace. Its connection's loss
+releases the request before the attach is cancelled, which is how the two
+cancellations are told apart.
+
 An attach from a newer connection while the request is still bound to an
 older live one means the client has given that connection up (a half-open
 TCP connection after a NAT timeout, say): that connection is closed, and the
@@ -251,7 +263,8 @@ class Request:
         #: The connection whose call gets the answer; None while unbound.
         self.bound_to: int | None = self.origin_connection
         self.origin: CallContext | None = origin
-        #: The context of the call that gets the answer; None while unbound.
+        #: The context of the call that gets the answer and the live output; None while
+        #: unbound, and while the attach that holds it has not caught up (_replay).
         self.sink: CallContext | None = origin
         self.task: asyncio.Task[Any] | None = None
         self.outcome: Outcome | None = None
@@ -282,7 +295,7 @@ class Request:
         """The handler's output on ``stream``: kept, and sent on to the bound call if any."""
         out = self.output(stream)
         table = self.table
-        while self.bound_to is None and out.size > table.detached_cap:
+        while self.sink is None and out.size > table.detached_cap:
             await table.wait_attached(self)
         async with out.lock:
             out.append(data)
@@ -409,7 +422,9 @@ class RequestTable:
     # -- the dispatcher's hooks ------------------------------------------------------
 
     def methods(self) -> list[Method]:
-        return bind(self, api.RPCS)
+        # An attach takes its request on in its first step, on receipt: a Cancel read right
+        # behind it finds the request held by it (its first step needs no task).
+        return bind(self, api.RPCS, direct=api.RPCS)
 
     def dispatch(self, method: Method, origin: Dispatched, rid: bytes) -> tuple[Method, Dispatched]:
         """What runs a call of ``method`` carrying ``rid``, and the context it runs with.
@@ -437,7 +452,7 @@ class RequestTable:
         if method.name in api.CONNECTION_SCOPED:
             return method, False
         if rid in self._running or rid in self._finished or rid in self._evicted:
-            return Method(method.rpc, functools.partial(self._again, rid)), False
+            return Method(method.rpc, functools.partial(self._again, rid), direct=True), False
         return method, True
 
     def open(self, rid: bytes, method: str, origin: CallContext) -> Request:
@@ -468,7 +483,6 @@ class RequestTable:
         and no index has to be kept up to date per call.
         """
         survivors: list[int] = []
-        loop = asyncio.get_running_loop()
         # No receipt will come: what waited for one stays kept for an attach.
         self._unproved.pop(connection_id, None)
         self._pinged.pop(connection_id, None)
@@ -477,10 +491,7 @@ class RequestTable:
                 survivors.append(req.call_id)
                 req.task = tasks.get(req.call_id)
             if req.bound_to == connection_id:
-                req.sink = None
-                req.bound_to = None
-                if req.grace is None:
-                    req.grace = loop.call_later(self.grace, self._expire, req)
+                self._release(req)
         if survivors:
             # Its calls run on (the requests that came on it are its virtual connection's).
             self._closed_running[-connection_id] = len(survivors)
@@ -512,6 +523,18 @@ class RequestTable:
     @property
     def kept(self) -> int:
         return len(self._finished)
+
+    def locate(self, rid: bytes) -> tuple[int, int] | None:
+        """The connection id and call id the handler of running request ``rid`` was given.
+
+        A capability keeps what a call runs by those (``shell.signal`` finds
+        a command by request id through them, from any connection); None when
+        no request of that id runs.
+        """
+        req = self._running.get(rid)
+        if req is None:
+            return None
+        return -req.origin_connection, req.call_id  # a TrackedCall's (virtual) connection
 
     # -- running a tracked call --------------------------------------------------------
 
@@ -664,12 +687,17 @@ class RequestTable:
             return
         log.info("%s: no reattach within %g s; cancelling it", req.method, self.grace)
         req.lost = True
+        self._cancel(req)
+
+    def _cancel(self, req: Request) -> None:
+        """Cancel running request ``req`` (its grace ran out, or its attach was cancelled)."""
         task = req.task
         if task is not None and not task.done():
             task.cancel()
         else:
-            # Its task was cancelled before it ever ran (a Cancel right behind the call).
-            self.finish(req.rid, Cancelled("cancelled: connection lost"), req)
+            # Its task was cancelled before it ever ran (a Cancel right behind the call), so
+            # its handler never told how it ended.
+            self.cancelled(req.rid, req.method, req)
 
     # -- attaching ---------------------------------------------------------------------
 
@@ -703,59 +731,93 @@ class RequestTable:
                 # A copy of the call from an older connection, processed late: the newer
                 # connection keeps the request.
                 raise InvalidParams("the request is attached from a newer connection")
-            # The client gave that connection up: close it, and the request moves here.
+            # The client gave that connection up: close it (which unbinds the request).
             self.abort_connection(bound)
-            self._unbind(req)
         _check_offsets([(name, out.base) for name, out in (req.streams or {}).items()], offsets)
+        self._claim(req, ctx)
         try:
             await self._replay(req, ctx, offsets)
             if req.outcome is None:
                 if req.done is None:
                     req.done = asyncio.get_running_loop().create_future()
-                try:
-                    await asyncio.wait([req.done])
-                except asyncio.CancelledError:
-                    if req.sink is ctx and req.task is not None:
-                        req.task.cancel()  # this call was cancelled, not its connection lost
-                    raise
+                await asyncio.wait([req.done])
+        except asyncio.CancelledError:
+            if self._holds(req, ctx):
+                # This call was cancelled, not its connection lost (which would have
+                # released the request first): the call attached to is cancelled with it.
+                self._cancel(req)
+            raise
         finally:
-            if req.sink is ctx:
-                self._unbind(req)
+            if self._holds(req, ctx):
+                self._release(req)
         outcome = req.outcome
         assert outcome is not None
         # An encoded result is answered as it is: no mapping made for one answer.
         return _expand(outcome if isinstance(outcome, bytes) else _compact(outcome)[0])
 
+    def _claim(self, req: Request, ctx: CallContext) -> None:
+        """The attach of ``ctx`` holds running request ``req`` from now until it ends.
+
+        Done on receipt, in the attach's first step: whatever comes next on
+        the connection (a Cancel right behind the attach) finds the request
+        held. Its output goes to ``ctx`` once the replay has caught up
+        (:meth:`_replay`); until then it is kept, up to the same cap as
+        while unbound.
+        """
+        req.bound_to = ctx.connection_id
+        req.sink = None
+        if req.grace is not None:
+            req.grace.cancel()
+            req.grace = None
+
+    def _holds(self, req: Request, ctx: CallContext) -> bool:
+        """Whether the attach of ``ctx`` still holds ``req`` (it runs, and nobody took it)."""
+        return req.outcome is None and req.bound_to == ctx.connection_id
+
+    def _release(self, req: Request) -> None:
+        """Nobody gets ``req``'s output any more: it runs on unbound, for its grace."""
+        req.sink = None
+        req.bound_to = None
+        if req.outcome is None and req.grace is None:
+            req.grace = asyncio.get_running_loop().call_later(self.grace, self._expire, req)
+
     async def _replay(self, req: Request, ctx: CallContext, offsets: dict[str, int]) -> None:
-        """Bind ``req`` to ``ctx`` and send it the kept output from ``offsets`` on."""
-        outputs = sorted((req.streams or {}).items())
-        for _, out in outputs:
-            await out.lock.acquire()
+        """Send ``ctx`` the kept output of ``req`` from ``offsets`` on, and bind ``req`` to it.
+
+        Every stream's lock is held meanwhile, so that no live send comes
+        between the kept bytes and those that follow them.
+        """
+        held: dict[str, _Output] = {}
         try:
-            self._bind(req, ctx)
-            for name, out in outputs:
+            while True:
+                # A stream the handler opens while this waits for a lock is replayed too.
+                streams = req.streams or {}
+                missing = sorted(name for name in streams if name not in held)
+                if not missing:
+                    break
+                for name in missing:
+                    out = streams[name]
+                    await out.lock.acquire()
+                    held[name] = out
+            if req.outcome is None:
+                if not self._holds(req, ctx):
+                    raise InvalidParams("the request was attached from another connection")
+                self._bind(req, ctx)
+            for name, out in sorted(held.items()):
                 data = out.since(offsets.get(name, 0))
                 if data or out.ended:
                     await ctx.send(name, data, end=out.ended)
         finally:
-            for _, out in outputs:
+            for out in held.values():
                 out.lock.release()
 
     def _bind(self, req: Request, ctx: CallContext) -> None:
-        req.bound_to = ctx.connection_id
         req.sink = ctx
-        if req.grace is not None:
-            req.grace.cancel()
-            req.grace = None
         waiter = req.attached
         if waiter is not None:
             req.attached = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    def _unbind(self, req: Request) -> None:
-        req.sink = None
-        req.bound_to = None
 
     async def wait_attached(self, req: Request) -> None:
         """Wait until a client attaches to ``req`` (its output is at its cap meanwhile)."""

@@ -107,6 +107,13 @@ class _Outcome:
 
 
 Spawner = Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
+#: Finds a running call by its request id: the connection id and call id its handler was
+#: given (:meth:`execd.requests.RequestTable.locate`), None when no such call runs.
+CallLocator = Callable[[bytes], tuple[int, int] | None]
+
+
+def _locate_nothing(rid: bytes) -> tuple[int, int] | None:
+    return None
 
 
 class _Command:
@@ -348,9 +355,15 @@ class ShellCapability(CommandCapability):
     rpcs = rpc.RPCS
 
     def __init__(
-        self, config: Config, base_env: dict[str, str], processes: Budget | None = None
+        self,
+        config: Config,
+        base_env: dict[str, str],
+        processes: Budget | None = None,
+        locate: CallLocator | None = None,
     ) -> None:
+        """``locate`` finds a running call by its request id (``shell.signal``'s ``rid``)."""
         super().__init__(config, base_env, "shell", processes)
+        self._locate: CallLocator = locate if locate is not None else _locate_nothing
         self._live = 0
         self._calls: dict[tuple[int, int], _Command] = {}
         self._hooked: set[int] = set()
@@ -565,22 +578,34 @@ class ShellCapability(CommandCapability):
 
     async def shell_signal(self, params: rpc.SignalParams, ctx: CallContext) -> rpc.SignalResult:
         """``shell.signal``: signal a running command (then SIGCONT it)."""
-        if (params.call_id is None) == (params.command_id is None):
-            raise InvalidParams("exactly one of call_id and command_id is required")
+        named = (params.call_id, params.command_id, params.rid)
+        if sum(name is not None for name in named) != 1:
+            raise InvalidParams("exactly one of call_id, command_id and rid is required")
         if params.signal not in _VALID_SIGNALS:
             raise InvalidParams(f"invalid signal {params.signal}")
         if params.command_id is not None:
             cmd = self._record(params.command_id).command
         else:
-            assert params.call_id is not None
-            found = self._calls.get((ctx.connection_id, params.call_id))
-            if found is None:
-                raise NoSuchProcess(f"no running command for call {params.call_id}")
-            cmd = found
+            cmd = self._running_call(params, ctx)
         child = cmd.child
         if not child.running or not child.signal_and_continue(params.signal, group=params.group):
             raise AlreadyExited(f"command {child.pid} has already exited", {"pid": child.pid})
         return rpc.SignalResult(pid=child.pid)
+
+    def _running_call(self, params: rpc.SignalParams, ctx: CallContext) -> _Command:
+        """The running ``shell.run`` call named by ``call_id`` (on ``ctx``'s connection) or
+        by ``rid`` (on whichever connection, through the request table)."""
+        key: tuple[int, int] | None
+        if params.rid is None:
+            assert params.call_id is not None
+            key, what = (ctx.connection_id, params.call_id), f"call {params.call_id}"
+        else:
+            key = self._locate(params.rid)
+            what = f"request {params.rid.hex()}"
+        found = self._calls.get(key) if key is not None else None
+        if found is None:
+            raise NoSuchProcess(f"no running command for {what}")
+        return found
 
     # -- detached: list / status / wait / attach -------------------------------
 

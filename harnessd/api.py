@@ -203,15 +203,22 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         return await self.call(shell.RUN, params)
 
     async def signal_command(
-        self, signal: int, *, call_id: int | None = None, command_id: str | None = None
+        self,
+        signal: int,
+        *,
+        call_id: int | None = None,
+        command_id: str | None = None,
+        rid: bytes | None = None,
     ) -> shell.SignalResult:
-        """Send ``signal`` to a running call on this connection or to a detached command.
+        """Send ``signal`` to a running command: exactly one of the three names it.
 
-        A call id names a call of this connection only: such a signal is
-        never carried over to another connection (on a lost one it fails
-        with NotSent).
+        ``call_id``: a streaming call of this connection; ``rid``: one by its
+        request id (:attr:`CallHandle.request_id`), from any connection, also
+        after it was reattached; ``command_id``: a detached command. A call id
+        names a call of this connection only: such a signal is never carried
+        over to another connection (on a lost one it fails with NotSent).
         """
-        params = shell.SignalParams(signal=signal, call_id=call_id, command_id=command_id)
+        params = shell.SignalParams(signal=signal, call_id=call_id, command_id=command_id, rid=rid)
         if call_id is not None:
             return await self.call_here(shell.SIGNAL, params)
         return await self.call(shell.SIGNAL, params)
@@ -695,11 +702,18 @@ class RunningCommand(Generic[R]):
     async def signal(self, signum: int) -> shell.SignalResult:
         """Send a signal to the command's process group.
 
-        Through the connection the command was started on: once that is lost
-        (even if the command was reattached elsewhere) this raises NotSent;
-        :meth:`cancel` still reaches the command.
+        The command is named by its request id, so the signal goes on the
+        connection its call is on now and reaches it across a reattach. A call
+        without one (a client with ``request_ids`` off) is named by its call
+        id, through the connection it was started on only: once that is lost,
+        NotSent.
         """
-        return await self._client.signal_command(signum, call_id=self.handle.id)
+        rid = self.handle.request_id
+        if rid is None:
+            return await self._client.signal_command(signum, call_id=self.handle.id)
+        # Through whichever client carries the command's call now.
+        carrier = await self.handle.carrier()
+        return await carrier.call(shell.SIGNAL, shell.SignalParams(signal=signum, rid=rid))
 
     async def result(self) -> R:
         """Wait for the command to finish; its output has all been delivered by then."""

@@ -32,10 +32,11 @@ moves to the attach call, so every reader goes on where it was. When execd
 says the call never arrived (``REQUEST_NOT_KNOWN`` with ``seen``) and it
 streamed no upload, it is sent again under the same id on the same
 connection, and the record moves again. A call made while its connection
-was down (``sent`` false) is simply sent on the new one. A cancel of an
-attach reaches the call only once execd has started the attach: a cancel
-asked while the call is between connections, or right after the attach
-left, is sent when the Pong of a Ping sent behind the attach comes back.
+was down (``sent`` false) is simply sent on the new one. A cancel goes to
+the call's current wire call, whatever it is: execd binds an attach to the
+call on receipt, so a cancel of the attach cancels the call, even right
+behind it; one asked while the call is between connections is sent right
+behind the attach.
 
 *Settled.* The final answer settles the caller's future and ends the
 streams. An orphan nobody carries on in time fails with ConnectionLost, or
@@ -129,8 +130,6 @@ class PendingCall(msgspec.Struct, eq=False):
     sent: bool = True
     #: Its current wire call is a ``request.attach`` (whose answer may say "never arrived").
     attaching: bool = False
-    #: execd has read that attach: a cancel of it now reaches the call.
-    attach_seen: bool = False
     #: A cancel was asked (it goes to wherever the call is).
     cancelled: bool = False
     #: The final answer has been handed to ``future``.
@@ -157,7 +156,7 @@ class PendingCall(msgspec.Struct, eq=False):
         if self.settled:
             return
         self.cancelled = True
-        if self.moved is None and (self.attach_seen or not self.attaching):
+        if self.moved is None:
             self.proto.send_cancel(self.call_id)
 
     def fail(self, failure: BaseException) -> None:

@@ -48,7 +48,7 @@ from protocol.codec import from_raw, to_raw
 from protocol.connection import ClientConnection, ConnectionEvent, HandshakeComplete
 from protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError, SplitexecError
 from protocol.handshake import token_bytes
-from protocol.messages import Abort, Call, Cancel, Chunk, Error, Event, Ping, Pong, Reply
+from protocol.messages import Abort, Call, Cancel, Chunk, Error, Event, Ping, Reply
 from protocol.rpc import Rpc
 from protocol.rpc import request as requests_rpc
 from protocol.rpc.core import NoParams
@@ -101,10 +101,10 @@ class ClientProtocol(FramedProtocol):
         self.on_orphans: Callable[[list[PendingCall]], None] | None = None
         #: Closed on purpose (``Client.close``): nothing is orphaned.
         self.deliberate = False
-        #: ``seq`` of the latest Ping sent (keepalives and receipts share them).
+        #: ``seq`` of the latest Ping sent.
         self.pings = 0
-        #: Pings whose Pong proves execd read an attach: seq -> the call and its attach's id.
-        self._receipts: dict[int, tuple[PendingCall, int]] = {}
+        #: The client over this connection (set by :class:`Client`).
+        self.owner: Client | None = None
 
     def start_call(
         self, method: str, params: msgspec.Raw, rid: bytes | None, tracked: Tracked | None
@@ -126,27 +126,6 @@ class ClientProtocol(FramedProtocol):
         self.pings += 1
         self.send(Ping(seq=self.pings))
         return self.pings
-
-    def watch_attach(self, call: PendingCall) -> None:
-        """``call`` was just sent on as a ``request.attach``: learn when execd has read it.
-
-        A cancel of an attach reaches the call only once execd has started
-        the attach (PROTOCOL.md 8.1); the Pong of a Ping sent right behind it
-        says so, and a cancel asked meanwhile is sent then.
-        """
-        call.attaching, call.attach_seen = True, False
-        with contextlib.suppress(Exception):
-            self._receipts[self.ping()] = (call, call.call_id)
-
-    def _receipt(self, seq: int) -> None:
-        watched = self._receipts.pop(seq, None)
-        if watched is None:
-            return
-        call, call_id = watched
-        if self.pending.get(call_id) is call:
-            call.attach_seen = True
-            if call.cancelled:
-                self.send_cancel(call_id)
 
     def carry(self, call: PendingCall) -> None:
         """Carry ``call``, waiting since its connection was lost, on over this connection.
@@ -192,16 +171,16 @@ class ClientProtocol(FramedProtocol):
         self.send(Call(id=call_id, method=method, params=params, rid=rid))
         source, source_id = call.proto, call.call_id
         call.proto, call.call_id = self, call_id
-        call.sent, call.attaching = True, False
+        call.sent, call.attaching = True, attaching
         self.pending[call_id] = call
         streams = call.streams
         if streams is not None:
             if isinstance(source, ClientProtocol) and source._streams.get(source_id) is streams:
                 del source._streams[source_id]
             self.carry_streams(call_id, streams)
-        if attaching:
-            self.watch_attach(call)  # a cancel asked meanwhile goes once execd has it
-        elif call.cancelled:
+        if call.cancelled:
+            # Asked meanwhile: it goes right behind the call. execd binds an attach to the
+            # call on receipt, so a cancel of the attach cancels the call (PROTOCOL.md 8.1).
             self.send_cancel(call_id)
 
     def send_cancel(self, call_id: int) -> None:
@@ -281,8 +260,6 @@ class ClientProtocol(FramedProtocol):
                 why = event.message or _code_name(event.code)
                 reason = ProtocolViolation(f"execd closed the connection: {why}", event.code)
             self.abort(reason)
-        elif isinstance(event, Pong) and self._receipts:
-            self._receipt(event.seq)
 
     def _attached(self, call: PendingCall, answer: Reply | Error) -> None:
         """The answer to an attach that carries ``call``: its outcome, or "never arrived".
@@ -454,6 +431,21 @@ class CallHandle(Generic[R]):
         """
         self.call.cancel()
 
+    async def carrier(self) -> Client:
+        """The client whose connection carries the call now: another one once it adopted it.
+
+        Waits while the call waits between connections (raising its failure
+        when no connection takes it on). For calls that name this one (a
+        signal by its request id), which must follow it.
+        """
+        call = self.call
+        if call.waiting:
+            assert call.moved is not None
+            await asyncio.shield(call.moved)
+        proto = call.proto
+        owner = proto.owner if isinstance(proto, ClientProtocol) else None
+        return owner if owner is not None else self._client
+
     @property
     def done(self) -> bool:
         return self.call.future.done()
@@ -476,6 +468,7 @@ class Client:
         reattach_within: float = 0.0,
     ):
         self._proto = proto
+        proto.owner = self
         self.info = info
         #: Give every call a request id (PROTOCOL.md 8.1); False sends none.
         self.request_ids = True
@@ -597,8 +590,7 @@ class Client:
         tracked = Tracked(rid, requests_rpc.ATTACH.name, to_raw(params), b"", uploads=True)
         record = self._send_call(requests_rpc.ATTACH.name, params, tracked=tracked)
         record.offsets = dict(held)
-        if record.sent:
-            self._proto.watch_attach(record)
+        record.attaching = record.sent  # one made while down is marked when it is sent
         return CallHandle(self, record)
 
     # -- calls that outlive the connection --------------------------------------

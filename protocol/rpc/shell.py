@@ -28,7 +28,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from protocol.messages import CallId
+from protocol.messages import CallId, RequestId
 from protocol.rpc import Rpc, Schema
 from protocol.rpc.resources import LimitName, Limits, Mechanism, ProcessEnd
 from protocol.rpc.types import (
@@ -131,11 +131,13 @@ class RunResult(Schema):
 
 
 class SignalParams(Schema):
-    """Send ``signal`` to a running command: exactly one of the two ids.
+    """Send ``signal`` to a running command: exactly one of the three ids.
 
     ``call_id`` names a running non-detached ``shell.run`` call on the same
-    connection; ``command_id`` a detached command. With ``group`` (default)
-    the whole process group gets the signal. Unless it is a stop signal,
+    connection; ``rid`` one by its request id (PROTOCOL.md section 8.1),
+    from any connection, also once another connection has taken it on
+    (``request.attach``); ``command_id`` a detached command. With ``group``
+    (default) the whole process group gets the signal. Unless it is a stop signal,
     SIGCONT follows so a stopped command wakes up to receive it. Signal 0
     only checks that the target exists.
     """
@@ -144,6 +146,7 @@ class SignalParams(Schema):
     call_id: CallId | None = None
     command_id: CommandId | None = None
     group: bool = True
+    rid: RequestId | None = None
 
 
 class SignalResult(Schema):

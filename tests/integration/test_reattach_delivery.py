@@ -126,7 +126,7 @@ async def test_a_cancel_after_the_cut_reaches_execd_and_kills_the_command(
         await clients.reconnect(client)
     else:
         await clients.reconnect(client)
-        cancel()  # right behind the attach: it goes once execd has read the attach
+        cancel()  # right behind the attach: execd has bound the call to it on receipt
     # Killed well before the grace (20 s) would have ended it, and long before its 60 s.
     await eventually(lambda: not alive(pid), timeout=10, what="the command killed")
     with pytest.raises((asyncio.CancelledError, harnessd.Cancelled)):
@@ -164,7 +164,7 @@ async def test_an_upload_cut_half_way_raises_upload_cut_and_leaves_the_target(
 
 
 @pytest.mark.execd_args("--request-grace", "20")
-async def test_a_signal_by_call_id_is_never_carried_to_another_connection(
+async def test_a_signal_after_the_cut_reaches_the_reattached_command(
     clients: Clients, proxy: CutProxy, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
@@ -177,8 +177,12 @@ async def test_a_signal_by_call_id_is_never_carried_to_another_connection(
     fresh = await clients.reconnect(client)
     # Its call id named a call of the lost connection: on the new one it would name another.
     with pytest.raises(harnessd.NotSent):
-        await asyncio.wait_for(command.signal(signal.SIGTERM), 10)
+        await asyncio.wait_for(client.signal_command(signal.SIGTERM, call_id=command.call_id), 10)
     assert alive(pid)
+    # The command itself is named by its request id: the signal reaches it through ``fresh``.
+    sent = await asyncio.wait_for(command.signal(signal.SIGTERM), 10)
+    assert sent.pid == pid
+    result = await asyncio.wait_for(command.result(), 10)
+    assert result.signal == signal.SIGTERM and result.exit_code is None
+    assert not alive(pid)
     assert await fresh.echo(b"x") == b"x"
-    command.cancel()
-    await eventually(lambda: not alive(pid), timeout=10, what="the command killed")
