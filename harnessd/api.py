@@ -213,7 +213,7 @@ class ExecdClient(ServicesClient, TerminalsClient, WatchClient):
         """Send ``signal`` to a running command: exactly one of the three names it.
 
         ``call_id``: a streaming call of this connection; ``rid``: one by its
-        request id (:attr:`CallHandle.request_id`), from any connection, also
+        request id (:attr:`~harnessd.client.CallHandle.request_id`), from any connection, also
         after it was reattached; ``command_id``: a detached command. A call id
         names a call of this connection only: such a signal is never carried
         over to another connection (on a lost one it fails with NotSent).
